@@ -1,0 +1,110 @@
+"""Paged attention in plain jax.numpy: runs on every device, and is the oracle for kernels.
+
+Attention for a step is split in two parts merged with an online softmax:
+  * in-step: the step's own tokens attend to each other (same row, causal) straight from
+    the new K/V, so a fresh prefill never touches the cache;
+  * cached context: each token attends to its row's ``context_lens`` cached tokens, read
+    through the block table in chunks of pages, with a trip count set by the longest context.
+Both paths read only valid positions, so garbage in unused pages never leaks in.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from jaxlm.attention.metadata import AttentionMetadata
+
+_NEG_INF = -1e30
+# Tokens of context read per loop iteration (rounded to whole pages).
+_CHUNK_TOKENS = 256
+
+
+def write_kv(kv_cache: jax.Array, k: jax.Array, v: jax.Array, slot_mapping: jax.Array) -> jax.Array:
+    """Scatter new K/V ([T, Hkv, D]) into kv_cache [2, num_blocks, block_size, Hkv, D]."""
+    two, nb, bs, h, d = kv_cache.shape
+    flat = kv_cache.reshape(two, nb * bs, h, d)
+    slots = jnp.where(slot_mapping < 0, nb * bs, slot_mapping)  # out of range -> dropped
+    flat = flat.at[0, slots].set(k.astype(flat.dtype), mode="drop")
+    flat = flat.at[1, slots].set(v.astype(flat.dtype), mode="drop")
+    return flat.reshape(kv_cache.shape)
+
+
+def _scores(s: jax.Array, scale: float, logits_soft_cap: float | None) -> jax.Array:
+    s = s * scale
+    if logits_soft_cap is not None:
+        s = logits_soft_cap * jnp.tanh(s / logits_soft_cap)
+    return s
+
+
+def _merge(m, l, acc, s, mask, v, v_spec):
+    """One online-softmax update; s/mask [T, Hkv, G, K], v [.., K, Hkv, D] per v_spec."""
+    s = jnp.where(mask, s, _NEG_INF)
+    m_new = jnp.maximum(m, s.max(axis=-1))
+    p = jnp.where(mask, jnp.exp(s - m_new[..., None]), 0.0)
+    alpha = jnp.exp(m - m_new)
+    l_new = alpha * l + p.sum(axis=-1)
+    acc_new = alpha[..., None] * acc + jnp.einsum(v_spec, p, v)
+    return m_new, l_new, acc_new
+
+
+def paged_attention_xla(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    kv_cache: jax.Array,
+    md: AttentionMetadata,
+    *,
+    scale: float,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """q [T, Hq, D], k/v [T, Hkv, D] (this step's tokens) -> (out [T, Hq, D], new kv_cache)."""
+    T, Hq, D = q.shape
+    _, _, bs, Hkv, _ = kv_cache.shape
+    G = Hq // Hkv
+    kv_cache = write_kv(kv_cache, k, v, md.slot_mapping)
+
+    qf = q.astype(jnp.float32).reshape(T, Hkv, G, D)
+    pos = md.positions
+    req = md.token_to_req
+
+    # In-step part: keys are the step's own tokens.
+    s = _scores(jnp.einsum("thgd,shd->thgs", qf, k.astype(jnp.float32)), scale, logits_soft_cap)
+    eye = jnp.eye(T, dtype=bool)
+    key_valid = (md.slot_mapping >= 0)[None, :] | eye
+    mask = (req[:, None] == req[None, :]) & (pos[None, :] <= pos[:, None]) & key_valid
+    if sliding_window is not None:
+        mask &= pos[None, :] > pos[:, None] - sliding_window
+    mask = mask[:, None, None, :]
+    m = jnp.full((T, Hkv, G), _NEG_INF, jnp.float32)
+    l = jnp.zeros((T, Hkv, G), jnp.float32)
+    acc = jnp.zeros((T, Hkv, G, D), jnp.float32)
+    m, l, acc = _merge(m, l, acc, s, mask, v.astype(jnp.float32), "thgs,shd->thgd")
+
+    # Cached part: the row's context, page chunk by page chunk.
+    ctx = md.context_lens[req]  # [T]
+    bt = md.block_tables[req]  # [T, P]
+    pages_per_chunk = max(1, min(bt.shape[1], _CHUNK_TOKENS // bs))
+    pad = (-bt.shape[1]) % pages_per_chunk
+    if pad:
+        bt = jnp.pad(bt, ((0, 0), (0, pad)))
+    chunk = pages_per_chunk * bs
+    n_chunks = (jnp.max(ctx) + chunk - 1) // chunk
+
+    def body(i, carry):
+        m, l, acc = carry
+        pages = lax.dynamic_slice_in_dim(bt, i * pages_per_chunk, pages_per_chunk, axis=1)
+        kc = kv_cache[0][pages].reshape(T, chunk, Hkv, D).astype(jnp.float32)
+        vc = kv_cache[1][pages].reshape(T, chunk, Hkv, D).astype(jnp.float32)
+        s = _scores(jnp.einsum("thgd,tjhd->thgj", qf, kc), scale, logits_soft_cap)
+        j = i * chunk + jnp.arange(chunk)
+        mask = j[None, :] < ctx[:, None]
+        if sliding_window is not None:
+            mask &= j[None, :] > pos[:, None] - sliding_window
+        return _merge(m, l, acc, s, mask[:, None, None, :], vc, "thgj,tjhd->thgd")
+
+    m, l, acc = lax.fori_loop(0, n_chunks, body, (m, l, acc))
+    out = acc / l[..., None]
+    return out.reshape(T, Hq, D).astype(q.dtype), kv_cache

@@ -1,0 +1,57 @@
+"""What the executor returns to the core, and what the core returns to the engine."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+import numpy as np
+
+
+@dataclasses.dataclass
+class LogprobsLists:
+    """Top-k logprobs of sampled positions: rows follow ModelRunnerOutput.req_ids.
+
+    token_ids[i] / logprobs[i] hold the sampled token first, then the top-k; ranks[i] is the
+    sampled token's rank (1 = most likely) in the unfiltered distribution.
+    """
+
+    token_ids: np.ndarray  # [N, 1 + k] int
+    logprobs: np.ndarray  # [N, 1 + k] float
+    ranks: np.ndarray  # [N] int
+
+
+@dataclasses.dataclass
+class ModelRunnerOutput:
+    # Requests of the step, in the runner's order.
+    req_ids: list[str]
+    # Per request: tokens sampled this step ([] while a prompt is still being prefilled).
+    sampled_token_ids: list[list[int]]
+    logprobs: LogprobsLists | None = None
+    # req_id -> prompt logprobs of the positions computed this step (same layout as logprobs).
+    prompt_logprobs: dict[str, LogprobsLists] = dataclasses.field(default_factory=dict)
+
+
+class FinishReason(enum.Enum):
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclasses.dataclass
+class EngineCoreOutput:
+    req_id: str
+    new_token_ids: list[int]
+    finish_reason: FinishReason | None = None
+    # The stop token id that ended the request (vLLM's stop_reason), else None.
+    stop_reason: int | str | None = None
+    new_logprobs: LogprobsLists | None = None
+    new_prompt_logprobs: LogprobsLists | None = None
+    num_cached_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None

@@ -1,0 +1,46 @@
+"""The only things that cross from the core into the executor, and back."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+
+@dataclasses.dataclass
+class NewRequestData:
+    """A request the runner has not seen (or must rebuild after preemption)."""
+
+    req_id: str
+    prompt_token_ids: list[int]
+    # Tokens generated before a preemption (recompute feeds them again); [] for a new request.
+    output_token_ids: list[int]
+    sampling_params: Any  # jaxlm.SamplingParams
+    block_ids: list[int]
+    # Tokens whose K/V are already in the cache (prefix-cache hits).
+    num_computed_tokens: int
+
+
+@dataclasses.dataclass
+class CachedRequestData:
+    """Requests the runner already holds; parallel lists indexed like req_ids."""
+
+    req_ids: list[str] = dataclasses.field(default_factory=list)
+    # Blocks appended to the request's block table since the last step.
+    new_block_ids: list[list[int]] = dataclasses.field(default_factory=list)
+    num_computed_tokens: list[int] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class SchedulerOutput:
+    scheduled_new_reqs: list[NewRequestData]
+    scheduled_cached_reqs: CachedRequestData
+    # req_id -> tokens of that request computed in this step (prefill chunk or 1 for decode).
+    num_scheduled_tokens: dict[str, int]
+    total_num_scheduled_tokens: int
+    # Requests finished/aborted/preempted since the last step: the runner drops their state.
+    finished_req_ids: set[str]
+    preempted_req_ids: set[str] = dataclasses.field(default_factory=set)
+
+    @property
+    def is_empty(self) -> bool:
+        return self.total_num_scheduled_tokens == 0

@@ -1,0 +1,101 @@
+"""SamplingParams with vLLM's fields, defaults and validation."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any
+
+_GREEDY_EPS = 1e-5
+
+
+class RequestOutputKind(enum.Enum):
+    CUMULATIVE = 0  # every output holds all text so far
+    DELTA = 1  # every output holds only what is new
+    FINAL_ONLY = 2  # one output, when the request finishes
+
+
+@dataclasses.dataclass
+class SamplingParams:
+    n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1 = all tokens
+    min_p: float = 0.0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    ignore_eos: bool = False
+    max_tokens: int | None = 16
+    min_tokens: int = 0
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    detokenize: bool = True
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    # Filled by the input processor: eos + generation-config stop ids, tokenized bad words.
+    all_stop_token_ids: set[int] = dataclasses.field(default_factory=set, repr=False)
+    bad_words_token_ids: list[list[int]] | None = dataclasses.field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.top_k == -1:
+            self.top_k = 0
+        if self.logit_bias is not None:
+            self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
+        self._verify()
+
+    def _verify(self) -> None:
+        def bad(field: str, why: str, value: Any) -> ValueError:
+            return ValueError(f"{field} {why}, got {value!r}")
+
+        if not isinstance(self.n, int) or self.n < 1:
+            raise bad("n", "must be an integer >= 1", self.n)
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not -2.0 <= value <= 2.0:
+                raise bad(name, "must be in [-2, 2]", value)
+        if self.repetition_penalty <= 0.0:
+            raise bad("repetition_penalty", "must be > 0", self.repetition_penalty)
+        if self.temperature < 0.0:
+            raise bad("temperature", "must be >= 0", self.temperature)
+        if not 0.0 < self.top_p <= 1.0:
+            raise bad("top_p", "must be in (0, 1]", self.top_p)
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise bad("top_k", "must be -1 (disable), 0 (disable) or a positive integer", self.top_k)
+        if not 0.0 <= self.min_p <= 1.0:
+            raise bad("min_p", "must be in [0, 1]", self.min_p)
+        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
+            raise bad("max_tokens", "must be an integer >= 1", self.max_tokens)
+        if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
+            raise bad("min_tokens", "must be an integer >= 0", self.min_tokens)
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise bad("min_tokens", f"must be <= max_tokens={self.max_tokens}", self.min_tokens)
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 0):
+                raise bad(name, "must be an integer >= 0", value)
+        if self.seed is not None and not isinstance(self.seed, int):
+            raise bad("seed", "must be an integer", self.seed)
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise bad("stop", "must be non-empty strings", self.stop)
+        if self.allowed_token_ids is not None and not self.allowed_token_ids:
+            raise bad("allowed_token_ids", "must not be empty", self.allowed_token_ids)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < _GREEDY_EPS
+
+    def clone(self) -> "SamplingParams":
+        return dataclasses.replace(self)
