@@ -1,0 +1,92 @@
+"""InputProcessor: prompt (text / token ids) + SamplingParams -> a validated, tokenized request."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Union
+
+from jaxlm.sampling_params import SamplingParams
+
+# vLLM's prompt forms: "text", [token ids], {"prompt": text} or {"prompt_token_ids": [...]}.
+PromptType = Union[str, list[int], dict]
+
+
+@dataclasses.dataclass
+class ProcessedPrompt:
+    prompt: str | None
+    prompt_token_ids: list[int]
+
+
+class InputProcessor:
+    def __init__(self, tokenizer: Any, max_model_len: int, vocab_size: int, eos_token_ids: set[int],
+                 max_logprobs: int = 20):
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.vocab_size = vocab_size
+        # eos of the tokenizer and generation_config: all end a request unless ignore_eos.
+        self.eos_token_ids = eos_token_ids
+        self.max_logprobs = max_logprobs
+
+    def process_prompt(self, prompt: PromptType) -> ProcessedPrompt:
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                prompt = list(prompt["prompt_token_ids"])
+            elif "prompt" in prompt:
+                prompt = prompt["prompt"]
+            else:
+                raise ValueError("A prompt dict needs a 'prompt' or a 'prompt_token_ids' key")
+        if isinstance(prompt, str):
+            text, ids = prompt, self.tokenizer.encode(prompt)
+        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            text, ids = None, list(prompt)
+        else:
+            raise ValueError(f"A prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+        if not ids:
+            raise ValueError("The decoder prompt cannot be empty")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"Token id {bad[0]} is out of vocabulary (vocab size {self.vocab_size})")
+        if len(ids) >= self.max_model_len:
+            raise ValueError(
+                f"The decoder prompt (length {len(ids)}) is longer than the maximum model length of "
+                f"{self.max_model_len}. Make sure that `max_model_len` is no smaller than the number "
+                "of text tokens plus one generated token."
+            )
+        return ProcessedPrompt(text, ids)
+
+    def process_params(self, params: SamplingParams, prompt_len: int) -> SamplingParams:
+        """A copy of params with the engine's defaults and token-level fields filled in."""
+        params = params.clone()
+        room = self.max_model_len - prompt_len
+        if params.max_tokens is None:
+            params.max_tokens = room
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(params, name)
+            if value is not None and value > self.max_logprobs:
+                raise ValueError(f"Requested {name}={value} is more than the maximum allowed {self.max_logprobs}")
+        for ids_field in ("stop_token_ids", "allowed_token_ids"):
+            ids = getattr(params, ids_field) or []
+            bad = [t for t in ids if not 0 <= t < self.vocab_size]
+            if bad:
+                raise ValueError(f"{ids_field} holds token id {bad[0]}, out of vocabulary (size {self.vocab_size})")
+        if params.logit_bias:
+            bad = [t for t in params.logit_bias if not 0 <= t < self.vocab_size]
+            if bad:
+                raise ValueError(f"logit_bias holds token id {bad[0]}, out of vocabulary (size {self.vocab_size})")
+        stops = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            stops |= self.eos_token_ids
+        params.all_stop_token_ids = stops
+        if params.bad_words:
+            params.bad_words_token_ids = self._bad_words_ids(params.bad_words)
+        return params
+
+    def _bad_words_ids(self, words: list[str]) -> list[list[int]]:
+        # Like vLLM: ban each word as it tokenizes alone and after a space.
+        out: list[list[int]] = []
+        for word in words:
+            for text in (word.lstrip(), " " + word.lstrip()):
+                ids = self.tokenizer.encode(text, add_special_tokens=False)
+                if ids and ids not in out:
+                    out.append(ids)
+        return out

@@ -1,0 +1,176 @@
+"""LLMEngine: requests' life — add, step, abort, stream — over the core and an executor."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import time
+from typing import Any, Iterable
+
+from jaxlm.core.request import Request, RequestStatus
+from jaxlm.core.scheduler import Scheduler
+from jaxlm.engine.arg_utils import EngineArgs
+from jaxlm.engine.input_processor import InputProcessor, PromptType
+from jaxlm.engine.output_processor import OutputProcessor, ParentRequest
+from jaxlm.executor.abstract import Executor
+from jaxlm.config import EngineConfig
+from jaxlm.model_loader import get_tokenizer, resolve_model_config
+from jaxlm.outputs import RequestOutput
+from jaxlm.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+_STATS_INTERVAL_S = 5.0
+
+
+def _eos_ids(tokenizer: Any, hf_config: Any, model_path: str | None) -> set[int]:
+    ids: set[int] = set()
+    for source in (tokenizer.eos_token_id, getattr(hf_config, "eos_token_id", None)):
+        if isinstance(source, int):
+            ids.add(source)
+        elif isinstance(source, (list, tuple)):
+            ids.update(int(i) for i in source)
+    if model_path and os.path.isfile(os.path.join(model_path, "generation_config.json")):
+        from transformers import GenerationConfig
+
+        gen = GenerationConfig.from_pretrained(model_path).eos_token_id
+        ids.update([gen] if isinstance(gen, int) else (gen or []))
+    return ids
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig):
+        self.engine_config = config
+        mc = config.model_config
+        resolve_model_config(mc, config.load_config)
+        config.scheduler_config.max_model_len = mc.max_model_len
+        self.model_config = mc
+        self.tokenizer = get_tokenizer(mc)
+        self.executor = Executor.get_class(config)(config)
+        num_blocks = self.executor.determine_num_available_blocks()
+        config.cache_config.num_gpu_blocks = num_blocks
+        self.executor.initialize_cache(num_blocks)
+        self.scheduler = Scheduler(config.scheduler_config, config.cache_config)
+
+        vocab = int(mc.hf_config.vocab_size)
+        self.eos_token_id = self.tokenizer.eos_token_id
+        self.input_processor = InputProcessor(
+            self.tokenizer, mc.max_model_len, vocab, _eos_ids(self.tokenizer, mc.hf_config, mc.model))
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self._counter = itertools.count()
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self._last_log = time.monotonic()
+        self._last_log_tokens = (0, 0)
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs) -> "LLMEngine":
+        return cls(engine_args.create_engine_config())
+
+    def get_tokenizer(self) -> Any:
+        return self.tokenizer
+
+    # ---- requests ------------------------------------------------------------------------
+
+    def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
+                    arrival_time: float | None = None) -> None:
+        """Validate and queue a request; raises ValueError naming the problem (nothing queued)."""
+        if request_id in self.output_processor.request_states or any(
+                s.parent and s.parent.request_id == request_id for s in self.output_processor.request_states.values()):
+            raise ValueError(f"Request id {request_id!r} is already running")
+        arrival_time = arrival_time or time.time()
+        processed = self.input_processor.process_prompt(prompt)
+        params = self.input_processor.process_params(params, len(processed.prompt_token_ids))
+        max_queued = self.engine_config.scheduler_config.max_num_queued_reqs
+        if max_queued is not None and self.scheduler.make_stats().num_waiting_reqs >= max_queued:
+            raise QueueFullError(f"The waiting queue is full ({max_queued} requests); try again later")
+        children = self._fan_out(request_id, params)
+        core_requests = []
+        for child_id, child_params, parent, index in children:
+            core_requests.append(Request(
+                request_id=child_id, prompt_token_ids=processed.prompt_token_ids,
+                sampling_params=child_params, eos_token_id=self.eos_token_id, arrival_time=arrival_time))
+        added = []
+        try:
+            for req in core_requests:
+                self.scheduler.add_request(req)
+                added.append(req.request_id)
+        except ValueError:
+            self.scheduler.finish_requests(added, RequestStatus.FINISHED_ABORTED)
+            raise
+        for (child_id, child_params, parent, index) in children:
+            self.output_processor.add_request(child_id, processed.prompt, processed.prompt_token_ids,
+                                              child_params, arrival_time, parent, index)
+        self.prompt_tokens_total += len(processed.prompt_token_ids) * len(children)
+
+    @staticmethod
+    def _fan_out(request_id: str, params: SamplingParams):
+        if params.n == 1:
+            return [(request_id, params, None, 0)]
+        parent = ParentRequest(request_id, params.n)
+        children = []
+        for i in range(params.n):
+            child = params.clone()
+            child.n = 1
+            if params.seed is not None:
+                child.seed = params.seed + i  # distinct but reproducible samples
+            children.append((f"{i}_{request_id}", child, parent, i))
+        return children
+
+    def abort_request(self, request_ids: str | Iterable[str]) -> None:
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        core_ids = self.output_processor.abort_requests(ids)
+        self.scheduler.finish_requests(core_ids, RequestStatus.FINISHED_ABORTED)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests() or self.output_processor.has_unfinished_requests()
+
+    def get_num_unfinished_requests(self) -> int:
+        return self.scheduler.get_num_unfinished_requests()
+
+    # ---- the loop ------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        scheduler_output = self.scheduler.schedule()
+        runner_output = self.executor.execute_model(scheduler_output)
+        core_outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        self.generation_tokens_total += sum(len(o.new_token_ids) for o in core_outputs)
+        request_outputs, to_abort = self.output_processor.process_outputs(core_outputs)
+        if to_abort:  # stop strings end requests the core still thinks are running
+            self.scheduler.finish_requests(to_abort, RequestStatus.FINISHED_STOPPED)
+        self._maybe_log_stats()
+        return request_outputs
+
+    def get_stats(self) -> dict[str, float]:
+        s = self.scheduler.make_stats()
+        return {
+            "num_requests_running": s.num_running_reqs,
+            "num_requests_waiting": s.num_waiting_reqs,
+            "kv_cache_usage_perc": s.kv_cache_usage,
+            "prefix_cache_queries": s.prefix_cache_queries,
+            "prefix_cache_hits": s.prefix_cache_hits,
+            "num_preemptions_total": s.num_preemptions,
+            "prompt_tokens_total": self.prompt_tokens_total,
+            "generation_tokens_total": self.generation_tokens_total,
+        }
+
+    def _maybe_log_stats(self) -> None:
+        now = time.monotonic()
+        if now - self._last_log < _STATS_INTERVAL_S:
+            return
+        elapsed = now - self._last_log
+        p0, g0 = self._last_log_tokens
+        s = self.get_stats()
+        hit_rate = s["prefix_cache_hits"] / s["prefix_cache_queries"] if s["prefix_cache_queries"] else 0.0
+        logger.info(
+            "Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, "
+            "Running: %d reqs, Waiting: %d reqs, KV cache usage: %.1f%%, Prefix cache hit rate: %.1f%%",
+            (self.prompt_tokens_total - p0) / elapsed, (self.generation_tokens_total - g0) / elapsed,
+            s["num_requests_running"], s["num_requests_waiting"], 100 * s["kv_cache_usage_perc"], 100 * hit_rate)
+        self._last_log = now
+        self._last_log_tokens = (self.prompt_tokens_total, self.generation_tokens_total)
+
+
+class QueueFullError(ValueError):
+    """The waiting queue is past max_num_queued_reqs (the server answers 429)."""

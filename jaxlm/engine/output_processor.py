@@ -1,0 +1,140 @@
+"""OutputProcessor: EngineCoreOutputs -> RequestOutputs (detokenize, stop strings, logprobs, n > 1)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+from jaxlm.core.outputs import EngineCoreOutput, FinishReason
+from jaxlm.engine.detokenizer import IncrementalDetokenizer
+from jaxlm.engine.logprobs import LogprobsProcessor
+from jaxlm.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from jaxlm.sampling_params import RequestOutputKind, SamplingParams
+
+
+@dataclasses.dataclass
+class ParentRequest:
+    """n > 1: the user's request fans out into n child requests sharing the prompt."""
+
+    request_id: str
+    n: int
+    latest: dict[int, CompletionOutput] = dataclasses.field(default_factory=dict)
+    finished: set[int] = dataclasses.field(default_factory=set)
+
+
+class RequestState:
+    def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
+                 params: SamplingParams, tokenizer: Any, arrival_time: float,
+                 parent: ParentRequest | None, index: int):
+        self.request_id = request_id
+        self.prompt = prompt
+        self.prompt_token_ids = prompt_token_ids
+        self.params = params
+        self.parent = parent
+        self.index = index
+        self.detokenizer = IncrementalDetokenizer(tokenizer, prompt_token_ids, params) if params.detokenize else None
+        self.logprobs = LogprobsProcessor(tokenizer, params)
+        self.token_ids: list[int] = []
+        self.sent_tokens = 0
+        self.metrics = RequestMetrics(arrival_time=arrival_time)
+        self.num_cached_tokens = 0
+
+    def completion(self, finish_reason: str | None, stop_reason: Any, delta: bool) -> CompletionOutput:
+        finished = finish_reason is not None
+        text = self.detokenizer.get_next_output_text(finished, delta) if self.detokenizer else ""
+        start = self.sent_tokens if delta else 0
+        token_ids = self.token_ids[start:]
+        logprobs = self.logprobs.logprobs
+        if logprobs is not None and delta:
+            logprobs = logprobs[start:]
+        self.sent_tokens = len(self.token_ids)
+        return CompletionOutput(
+            index=self.index, text=text, token_ids=list(token_ids),
+            cumulative_logprob=self.logprobs.cumulative_logprob, logprobs=logprobs,
+            finish_reason=finish_reason, stop_reason=stop_reason,
+        )
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+        self.request_states: dict[str, RequestState] = {}
+
+    def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
+                    params: SamplingParams, arrival_time: float,
+                    parent: ParentRequest | None = None, index: int = 0) -> None:
+        self.request_states[request_id] = RequestState(
+            request_id, prompt, prompt_token_ids, params, self.tokenizer, arrival_time, parent, index)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.request_states)
+
+    def abort_requests(self, request_ids: list[str]) -> list[str]:
+        """Forget these requests (and the children of parent ids); returns the core ids to abort."""
+        core_ids = []
+        for req_id, state in list(self.request_states.items()):
+            if req_id in request_ids or (state.parent and state.parent.request_id in request_ids):
+                del self.request_states[req_id]
+                core_ids.append(req_id)
+        return core_ids
+
+    def process_outputs(self, outputs: list[EngineCoreOutput]) -> tuple[list[RequestOutput], list[str]]:
+        """Returns (request outputs to hand to the user, ids the core must abort: stop strings)."""
+        now = time.time()
+        request_outputs: list[RequestOutput] = []
+        to_abort: list[str] = []
+        for out in outputs:
+            state = self.request_states.get(out.req_id)
+            if state is None:  # aborted meanwhile
+                continue
+            m = state.metrics
+            if out.new_token_ids:
+                m.first_token_time = m.first_token_time or now
+                m.last_token_time = now
+            state.num_cached_tokens = out.num_cached_tokens
+            state.token_ids.extend(out.new_token_ids)
+            state.logprobs.update(out.new_token_ids, out.new_logprobs, out.new_prompt_logprobs)
+            finish_reason = str(out.finish_reason) if out.finish_reason else None
+            stop_reason = out.stop_reason
+            if state.detokenizer is not None and out.new_token_ids:
+                stop_str = state.detokenizer.update(out.new_token_ids)
+                if stop_str is not None and finish_reason is None:
+                    finish_reason, stop_reason = str(FinishReason.STOP), stop_str
+                    to_abort.append(out.req_id)
+            if finish_reason is not None:
+                m.finished_time = now
+                del self.request_states[out.req_id]
+            ro = self._make_output(state, finish_reason, stop_reason)
+            if ro is not None:
+                request_outputs.append(ro)
+        return request_outputs, to_abort
+
+    def _make_output(self, state: RequestState, finish_reason: str | None, stop_reason: Any) -> RequestOutput | None:
+        kind = state.params.output_kind
+        finished = finish_reason is not None
+        if kind == RequestOutputKind.FINAL_ONLY and not finished:
+            return None
+        completion = state.completion(finish_reason, stop_reason, delta=kind == RequestOutputKind.DELTA)
+        parent = state.parent
+        if parent is None:
+            outputs, request_id, all_done = [completion], state.request_id, finished
+        else:
+            parent.latest[state.index] = completion
+            if finished:
+                parent.finished.add(state.index)
+            all_done = len(parent.finished) == parent.n
+            request_id = parent.request_id
+            if kind == RequestOutputKind.FINAL_ONLY:
+                if not all_done:
+                    return None
+                outputs = [parent.latest[i] for i in range(parent.n)]
+            elif kind == RequestOutputKind.DELTA:
+                outputs = [completion]
+            else:
+                outputs = [parent.latest[i] for i in sorted(parent.latest)]
+        return RequestOutput(
+            request_id=request_id, prompt=state.prompt, prompt_token_ids=state.prompt_token_ids,
+            prompt_logprobs=state.logprobs.prompt_logprobs, outputs=outputs, finished=all_done,
+            metrics=state.metrics, num_cached_tokens=state.num_cached_tokens,
+        )

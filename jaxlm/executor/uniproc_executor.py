@@ -1,0 +1,27 @@
+"""UniProcExecutor: one worker on one device, in this process."""
+
+from __future__ import annotations
+
+import jax
+
+from jaxlm.core.outputs import ModelRunnerOutput
+from jaxlm.core.sched_output import SchedulerOutput
+from jaxlm.executor.abstract import Executor
+from jaxlm.worker.worker import Worker
+
+
+class UniProcExecutor(Executor):
+    def _init_executor(self) -> None:
+        mesh = jax.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
+        self.worker = Worker(self.config, mesh)
+        self.worker.load_model()
+
+    def determine_num_available_blocks(self) -> int:
+        return self.worker.determine_num_available_blocks()
+
+    def initialize_cache(self, num_blocks: int) -> None:
+        self.worker.initialize_cache(num_blocks)
+        self.worker.compile_or_warm_up_model()
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        return self.worker.execute_model(scheduler_output)

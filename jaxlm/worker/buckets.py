@@ -1,0 +1,30 @@
+"""Bucket lists: every step is padded up to one of a few fixed sizes so XLA compiles a known set."""
+
+from __future__ import annotations
+
+import bisect
+
+
+def powers_of_two_up_to(limit: int, start: int = 1) -> list[int]:
+    """[start, 2*start, ..., first power >= limit] (the last bucket always holds `limit`)."""
+    buckets = [start]
+    while buckets[-1] < limit:
+        buckets.append(buckets[-1] * 2)
+    return buckets
+
+
+def validate_buckets(buckets: list[int], must_hold: int, what: str) -> list[int]:
+    buckets = sorted(set(int(b) for b in buckets))
+    if not buckets or buckets[0] <= 0:
+        raise ValueError(f"{what} buckets must be positive integers, got {buckets}")
+    if buckets[-1] < must_hold:
+        raise ValueError(f"the largest {what} bucket ({buckets[-1]}) is below {must_hold}")
+    return buckets
+
+
+def pick_bucket(n: int, buckets: list[int]) -> int:
+    """Smallest bucket >= n."""
+    i = bisect.bisect_left(buckets, n)
+    if i == len(buckets):
+        raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")
+    return buckets[i]

@@ -1,0 +1,144 @@
+"""Persistent host-side batch: one numpy row per running request, kept across steps.
+
+A step only touches the rows it schedules, so building the flat inputs costs O(tokens in the
+step) numpy work and no per-request Python objects beyond the req_id -> row map.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from jaxlm.core.sched_output import NewRequestData, SchedulerOutput
+
+
+@dataclasses.dataclass
+class StepInputs:
+    """Flat, padded inputs of one step (host numpy), in the order of `req_ids`."""
+
+    req_ids: list[str]
+    input_ids: np.ndarray  # [T_pad]
+    positions: np.ndarray  # [T_pad]
+    slot_mapping: np.ndarray  # [T_pad]
+    token_to_req: np.ndarray  # [T_pad]
+    block_tables: np.ndarray  # [R_pad, P]
+    seq_lens: np.ndarray  # [R_pad]
+    context_lens: np.ndarray  # [R_pad]
+    query_start_loc: np.ndarray  # [R_pad + 1]
+    num_tokens: int  # real tokens (<= T_pad)
+    # Requests whose last scheduled token is the sequence's last: they sample this step.
+    sample_req_ids: list[str]
+    logits_indices: np.ndarray  # [S_cap] flat index of each sampling request's last token
+
+
+class InputBatch:
+    def __init__(self, max_num_reqs: int, max_model_len: int, block_size: int):
+        self.max_num_reqs = max_num_reqs
+        self.max_model_len = max_model_len
+        self.block_size = block_size
+        self.max_pages = -(-max_model_len // block_size)
+        self.token_ids = np.zeros((max_num_reqs, max_model_len), np.int32)
+        self.num_tokens = np.zeros(max_num_reqs, np.int32)
+        self.num_prompt_tokens = np.zeros(max_num_reqs, np.int32)
+        self.num_computed_tokens = np.zeros(max_num_reqs, np.int32)
+        self.block_table = np.zeros((max_num_reqs, self.max_pages), np.int32)
+        self.num_blocks = np.zeros(max_num_reqs, np.int32)
+        self.req_id_to_row: dict[str, int] = {}
+        self._free_rows = list(range(max_num_reqs - 1, -1, -1))
+
+    def __len__(self) -> int:
+        return len(self.req_id_to_row)
+
+    def add_request(self, new: NewRequestData) -> int:
+        if not self._free_rows:
+            raise RuntimeError(f"more than max_num_seqs={self.max_num_reqs} requests in the runner")
+        row = self._free_rows.pop()
+        self.req_id_to_row[new.req_id] = row
+        tokens = list(new.prompt_token_ids) + list(new.output_token_ids)
+        self.token_ids[row, : len(tokens)] = tokens
+        self.num_tokens[row] = len(tokens)
+        self.num_prompt_tokens[row] = len(new.prompt_token_ids)
+        self.num_computed_tokens[row] = new.num_computed_tokens
+        self.num_blocks[row] = 0
+        self.append_blocks(row, new.block_ids)
+        return row
+
+    def remove_request(self, req_id: str) -> None:
+        row = self.req_id_to_row.pop(req_id, None)
+        if row is not None:
+            self._free_rows.append(row)
+
+    def append_blocks(self, row: int, block_ids: list[int]) -> None:
+        n = self.num_blocks[row]
+        self.block_table[row, n : n + len(block_ids)] = block_ids
+        self.num_blocks[row] = n + len(block_ids)
+
+    def append_token(self, row: int, token_id: int) -> None:
+        self.token_ids[row, self.num_tokens[row]] = token_id
+        self.num_tokens[row] += 1
+
+    def update_states(self, so: SchedulerOutput) -> list[str]:
+        """Apply the scheduler's view; returns the req_ids that left (finished or preempted)."""
+        gone = [r for r in (so.finished_req_ids | so.preempted_req_ids) if r in self.req_id_to_row]
+        for req_id in gone:
+            self.remove_request(req_id)
+        for new in so.scheduled_new_reqs:
+            self.remove_request(new.req_id)  # a resumed request is rebuilt from scratch
+            self.add_request(new)
+        cached = so.scheduled_cached_reqs
+        for req_id, blocks, computed in zip(cached.req_ids, cached.new_block_ids, cached.num_computed_tokens):
+            row = self.req_id_to_row[req_id]
+            self.append_blocks(row, blocks)
+            self.num_computed_tokens[row] = computed
+        return gone
+
+    def prepare_inputs(
+        self, so: SchedulerOutput, num_tokens_padded: int, num_rows_padded: int, sample_capacity: int
+    ) -> StepInputs:
+        req_ids = list(so.num_scheduled_tokens)
+        rows = np.array([self.req_id_to_row[r] for r in req_ids], np.int64)
+        n_sched = np.array([so.num_scheduled_tokens[r] for r in req_ids], np.int32)
+        R, T, bs = len(req_ids), int(n_sched.sum()), self.block_size
+        start = self.num_computed_tokens[rows]
+        cu = np.zeros(num_rows_padded + 1, np.int32)
+        cu[1 : R + 1] = np.cumsum(n_sched)
+        cu[R + 1 :] = T
+
+        tok_req = np.repeat(np.arange(R, dtype=np.int32), n_sched)
+        positions = start[tok_req] + (np.arange(T, dtype=np.int32) - cu[tok_req])
+        tok_rows = rows[tok_req]
+        blocks = self.block_table[tok_rows, positions // bs]
+
+        pad = num_tokens_padded - T
+        input_ids = np.pad(self.token_ids[tok_rows, positions], (0, pad))
+        slot_mapping = np.pad(blocks * bs + positions % bs, (0, pad), constant_values=-1)
+        positions = np.pad(positions, (0, pad))
+        token_to_req = np.pad(tok_req, (0, pad), constant_values=max(R - 1, 0))
+
+        block_tables = np.zeros((num_rows_padded, self.max_pages), np.int32)
+        block_tables[:R] = self.block_table[rows]
+        seq_lens = np.zeros(num_rows_padded, np.int32)
+        seq_lens[:R] = start + n_sched
+        context_lens = np.zeros(num_rows_padded, np.int32)
+        context_lens[:R] = start
+
+        # A request samples when this step reaches the end of its known tokens.
+        samples = (start + n_sched) == self.num_tokens[rows]
+        sample_idx = np.flatnonzero(samples)
+        logits_indices = np.zeros(sample_capacity, np.int32)
+        logits_indices[: len(sample_idx)] = cu[sample_idx + 1] - 1
+        return StepInputs(
+            req_ids=req_ids,
+            input_ids=input_ids.astype(np.int32),
+            positions=positions.astype(np.int32),
+            slot_mapping=slot_mapping.astype(np.int32),
+            token_to_req=token_to_req.astype(np.int32),
+            block_tables=block_tables,
+            seq_lens=seq_lens,
+            context_lens=context_lens,
+            query_start_loc=cu,
+            num_tokens=T,
+            sample_req_ids=[req_ids[i] for i in sample_idx],
+            logits_indices=logits_indices,
+        )

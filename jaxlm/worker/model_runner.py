@@ -1,0 +1,230 @@
+"""ModelRunner: scheduler output -> padded device inputs -> compiled steps -> sampled tokens.
+
+Two kinds of compiled programs, so their count is a sum of bucket list lengths:
+  * body[T]: the model over a flat batch padded to T tokens; writes the paged KV cache
+    (donated) and gathers the hidden state of each sampling request's last token into a
+    fixed-size [S_cap, H] buffer;
+  * sample[S, variant]: logits of the first S rows of that buffer + the sampler.
+Every program is compiled ahead of time at warm-up; serving only calls compiled executables,
+so a shape outside the buckets can never trigger a silent compile.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from tqdm import tqdm
+
+from jaxlm.attention.metadata import AttentionMetadata
+from jaxlm.config import EngineConfig
+from jaxlm.core.outputs import LogprobsLists, ModelRunnerOutput
+from jaxlm.core.sched_output import SchedulerOutput
+from jaxlm.sample.metadata import SamplingInputBuilder
+from jaxlm.sample.sampler import sample
+from jaxlm.worker.buckets import pick_bucket, powers_of_two_up_to, validate_buckets
+from jaxlm.worker.input_batch import InputBatch, StepInputs
+
+logger = logging.getLogger(__name__)
+
+_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+def _register_compile_listener(runner: "ModelRunner") -> None:
+    ref = weakref.ref(runner)
+
+    def on_event(name: str, duration: float, **_: Any) -> None:
+        r = ref()
+        if r is None:
+            jax.monitoring.unregister_event_duration_listener(on_event)
+        elif name == _COMPILE_EVENT and r._in_step:
+            r.num_compiles_after_warmup += 1
+            logger.warning("XLA compiled a program while serving (%.2f s): a shape escaped the buckets", duration)
+
+    jax.monitoring.register_event_duration_secs_listener(on_event)
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, model: nnx.Module, mesh: jax.sharding.Mesh | None = None):
+        self.config = config
+        self.mesh = mesh
+        sched = config.scheduler_config
+        self.block_size = config.cache_config.block_size
+        self.max_model_len = sched.max_model_len
+        self.max_num_seqs = sched.max_num_seqs
+        comp = config.compilation_config
+        budget = sched.max_num_batched_tokens
+        self.token_buckets = validate_buckets(
+            comp.token_buckets or powers_of_two_up_to(budget), budget, "token"
+        )
+        self.seq_buckets = validate_buckets(
+            comp.seq_buckets or powers_of_two_up_to(sched.max_num_seqs), sched.max_num_seqs, "sequence"
+        )
+        # The hidden-state buffer the body hands to the sampler: the largest sequence bucket.
+        self.sample_capacity = self.seq_buckets[-1]
+
+        self.graphdef, self.params = nnx.split(model)
+        self.hidden_size = model.config.hidden_size if hasattr(model, "config") else None
+        self.vocab_size = int(model.config.vocab_size)
+        self.input_batch = InputBatch(sched.max_num_seqs, sched.max_model_len, self.block_size)
+        self.sampling = SamplingInputBuilder(engine_seed=config.model_config.seed, vocab_size=self.vocab_size)
+        self.kv_caches: list[jax.Array] | None = None
+        self._body: dict[int, Any] = {}
+        self._sample: dict[tuple[int, Any], Any] = {}
+        self.num_programs = 0
+        self.warmup_seconds = 0.0
+        # Guard: XLA compiles seen while a step runs (must stay 0 after warm-up).
+        self.num_compiles_after_warmup = 0
+        self._in_step = False
+        _register_compile_listener(self)
+
+    # ---- KV cache -------------------------------------------------------------------------
+
+    def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
+        num_layers, num_kv_heads, head_dim = type(self._model()).get_kv_cache_spec(self._model().config)
+        return (2, num_blocks, self.block_size, num_kv_heads, head_dim)
+
+    def _model(self) -> nnx.Module:
+        return nnx.merge(self.graphdef, self.params)
+
+    def initialize_kv_cache(self, num_blocks: int, dtype: jnp.dtype) -> None:
+        model = self._model()
+        num_layers, num_kv_heads, head_dim = type(model).get_kv_cache_spec(model.config)
+        shape = (2, num_blocks, self.block_size, num_kv_heads, head_dim)
+        sharding = self._kv_sharding(num_kv_heads)
+        self.kv_caches = [jnp.zeros(shape, dtype, device=sharding) for _ in range(num_layers)]
+        self.kv_dtype = dtype
+        logger.info("KV cache: %d blocks x %d tokens, %d layers, %s", num_blocks, self.block_size, num_layers, dtype)
+
+    def _kv_sharding(self, num_kv_heads: int):
+        if self.mesh is None:
+            return None
+        tp = self.mesh.shape.get("model", 1)
+        spec = jax.sharding.PartitionSpec(None, None, None, "model" if num_kv_heads % tp == 0 and tp > 1 else None)
+        return jax.sharding.NamedSharding(self.mesh, spec)
+
+    # ---- programs -------------------------------------------------------------------------
+
+    def _rows_for(self, num_tokens_padded: int) -> int:
+        # Every scheduled request has >= 1 token, so rows never exceed tokens: tying the row
+        # padding to the token bucket keeps the body's program count = len(token_buckets).
+        return min(num_tokens_padded, self.max_num_seqs)
+
+    def _body_fn(self) -> Callable:
+        graphdef = self.graphdef
+
+        def body(params, kv_caches, input_ids, positions, md, logits_indices):
+            model = nnx.merge(graphdef, params)
+            hidden, kv_caches = model(input_ids, positions, kv_caches, md)
+            return hidden[logits_indices], kv_caches
+
+        return body
+
+    def _sample_fn(self, num_rows: int, variant: Any) -> Callable:
+        graphdef = self.graphdef
+
+        def logits_and_sample(params, hidden, sampling_md):
+            model = nnx.merge(graphdef, params)
+            logits = model.compute_logits(hidden[:num_rows])
+            return sample(logits, sampling_md, variant)
+
+        return logits_and_sample
+
+    def _abstract_step_inputs(self, T: int):
+        R = self._rows_for(T)
+        i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
+        md = AttentionMetadata(
+            positions=i32(T), slot_mapping=i32(T), token_to_req=i32(T),
+            block_tables=i32(R, self.input_batch.max_pages), seq_lens=i32(R),
+            context_lens=i32(R), query_start_loc=i32(R + 1),
+        )
+        return i32(T), i32(T), md, i32(self.sample_capacity)
+
+    def warm_up(self) -> None:
+        """Compile every program the buckets can ask for, ahead of serving."""
+        start = time.perf_counter()
+        kv_spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), self.kv_caches)
+        params_spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), self.params)
+        body_jit = jax.jit(self._body_fn(), donate_argnums=(1,))
+        hidden_dtype = jax.eval_shape(
+            body_jit, params_spec, kv_spec, *self._abstract_step_inputs(self.token_buckets[0])
+        )[0]
+        jobs = [("body", T, None) for T in self.token_buckets]
+        jobs += [("sample", S, v) for S in self.seq_buckets for v in self.sampling.variants()]
+        for kind, size, variant in tqdm(jobs, desc="Compiling buckets", unit="program"):
+            if kind == "body":
+                self._body[size] = body_jit.lower(params_spec, kv_spec, *self._abstract_step_inputs(size)).compile()
+            else:
+                md_spec = self.sampling.abstract_metadata(size, variant)
+                fn = jax.jit(self._sample_fn(size, variant))
+                self._sample[(size, variant)] = fn.lower(params_spec, hidden_dtype, md_spec).compile()
+        self.num_programs = len(self._body) + len(self._sample)
+        self.warmup_seconds = time.perf_counter() - start
+        logger.info("Compiled %d programs in %.1f s", self.num_programs, self.warmup_seconds)
+
+    # ---- one step -------------------------------------------------------------------------
+
+    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        self._in_step = True
+        try:
+            return self._execute_model(so)
+        finally:
+            self._in_step = False
+
+    def _execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        for req_id in self.input_batch.update_states(so):
+            self.sampling.remove_request(req_id)
+        for new in so.scheduled_new_reqs:
+            self.sampling.remove_request(new.req_id)
+            self.sampling.add_request(new.req_id, new.sampling_params, new.prompt_token_ids, new.output_token_ids)
+        if so.total_num_scheduled_tokens == 0:
+            return ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
+
+        T = pick_bucket(so.total_num_scheduled_tokens, self.token_buckets)
+        inputs = self.input_batch.prepare_inputs(so, T, self._rows_for(T), self.sample_capacity)
+        hidden, self.kv_caches = self._body[T](self.params, self.kv_caches, *self._device_inputs(inputs))
+
+        sampled: dict[str, int] = {}
+        logprobs = None
+        if inputs.sample_req_ids:
+            S = pick_bucket(len(inputs.sample_req_ids), self.seq_buckets)
+            md, variant = self.sampling.build(inputs.sample_req_ids, S)
+            out = self._sample[(S, variant)](self.params, hidden, md)
+            n = len(inputs.sample_req_ids)
+            token_ids = np.asarray(out.sampled_token_ids)[:n].tolist()
+            for req_id, tok in zip(inputs.sample_req_ids, token_ids):
+                sampled[req_id] = tok
+                self.input_batch.append_token(self.input_batch.req_id_to_row[req_id], tok)
+                self.sampling.append_output(req_id, tok)
+            if out.logprob_token_ids is not None:
+                logprobs = self._logprobs_rows(inputs, out, n)
+        return ModelRunnerOutput(
+            req_ids=inputs.req_ids,
+            sampled_token_ids=[[sampled[r]] if r in sampled else [] for r in inputs.req_ids],
+            logprobs=logprobs,
+        )
+
+    @staticmethod
+    def _logprobs_rows(inputs: StepInputs, out: Any, n: int) -> LogprobsLists:
+        """Sampler rows -> rows aligned with inputs.req_ids (zeros where nothing was sampled)."""
+        ids, lps, ranks = (np.asarray(a)[:n] for a in (out.logprob_token_ids, out.logprobs, out.sampled_ranks))
+        pos = {r: i for i, r in enumerate(inputs.req_ids)}
+        where = np.array([pos[r] for r in inputs.sample_req_ids])
+        full = lambda a: np.zeros((len(inputs.req_ids),) + a.shape[1:], a.dtype)  # noqa: E731
+        all_ids, all_lps, all_ranks = full(ids), full(lps), full(ranks)
+        all_ids[where], all_lps[where], all_ranks[where] = ids, lps, ranks
+        return LogprobsLists(token_ids=all_ids, logprobs=all_lps, ranks=all_ranks)
+
+    def _device_inputs(self, x: StepInputs):
+        md = AttentionMetadata(
+            positions=x.positions, slot_mapping=x.slot_mapping, token_to_req=x.token_to_req,
+            block_tables=x.block_tables, seq_lens=x.seq_lens, context_lens=x.context_lens,
+            query_start_loc=x.query_start_loc,
+        )
+        return jax.device_put((x.input_ids, x.positions, md, x.logits_indices))

@@ -1,0 +1,75 @@
+"""Worker: owns one model replica on a mesh — loads it, sizes the KV cache, runs steps."""
+
+from __future__ import annotations
+
+import logging
+
+import jax
+import numpy as np
+import psutil
+
+from jaxlm.attention.backends import get_attention_backend
+from jaxlm.config import EngineConfig
+from jaxlm.core.outputs import ModelRunnerOutput
+from jaxlm.core.sched_output import SchedulerOutput
+from jaxlm.model_loader import get_jax_dtype, get_model
+from jaxlm.worker.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+# CPU has no device memory to measure: the KV cache defaults to this much RAM (vLLM's CPU
+# backend default too), capped by half the free RAM and by what the limits can ever use.
+_CPU_DEFAULT_KV_BYTES = 4 << 30
+
+
+class Worker:
+    def __init__(self, config: EngineConfig, mesh: jax.sharding.Mesh):
+        self.config = config
+        self.mesh = mesh
+        self.model_runner: ModelRunner | None = None
+
+    def load_model(self) -> None:
+        backend = get_attention_backend(self.config.attention_backend)
+        self.dtype = get_jax_dtype(self.config.model_config)
+        model = get_model(
+            self.config.model_config, self.config.load_config, attn_backend=backend, mesh=self.mesh
+        )
+        self.model_runner = ModelRunner(self.config, model, self.mesh)
+
+    def bytes_per_block(self) -> int:
+        model = self.model_runner._model()
+        num_layers, num_kv_heads, head_dim = type(model).get_kv_cache_spec(model.config)
+        itemsize = np.dtype(self.dtype).itemsize
+        return 2 * num_layers * self.config.cache_config.block_size * num_kv_heads * head_dim * itemsize
+
+    def determine_num_available_blocks(self) -> int:
+        cache = self.config.cache_config
+        if cache.num_gpu_blocks_override is not None:
+            return cache.num_gpu_blocks_override
+        per_block = self.bytes_per_block()
+        if cache.kv_cache_memory is not None:
+            budget = cache.kv_cache_memory
+        elif jax.default_backend() == "cpu":
+            sched = self.config.scheduler_config
+            useful = (sched.max_num_seqs * -(-sched.max_model_len // cache.block_size) + 1) * per_block
+            budget = min(_CPU_DEFAULT_KV_BYTES, psutil.virtual_memory().available // 2, useful)
+        else:
+            stats = jax.devices()[0].memory_stats() or {}
+            limit = stats.get("bytes_limit", 0) * cache.gpu_memory_utilization
+            budget = int(limit - stats.get("bytes_in_use", 0))
+        num_blocks = int(budget // per_block)
+        if num_blocks <= 0:
+            raise ValueError(
+                f"No memory left for the KV cache (budget {budget} bytes, {per_block} bytes per block): "
+                "raise --gpu-memory-utilization or --kv-cache-memory"
+            )
+        return num_blocks
+
+    def initialize_cache(self, num_blocks: int) -> None:
+        self.model_runner.initialize_kv_cache(num_blocks, self.dtype)
+
+    def compile_or_warm_up_model(self) -> None:
+        self.model_runner.warm_up()
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        return self.model_runner.execute_model(scheduler_output)
