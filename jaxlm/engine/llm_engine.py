@@ -42,8 +42,7 @@ def _eos_ids(tokenizer: Any, hf_config: Any, model_path: str | None) -> set[int]
 class LLMEngine:
     def __init__(self, config: EngineConfig):
         self.engine_config = config
-        mc = config.model_config
-        resolve_model_config(mc, config.load_config)
+        mc = config.model_config = resolve_model_config(config.model_config, config.load_config)
         config.scheduler_config.max_model_len = mc.max_model_len
         self.model_config = mc
         self.tokenizer = get_tokenizer(mc)

@@ -94,11 +94,13 @@ class OutputProcessor:
                 m.last_token_time = now
             state.num_cached_tokens = out.num_cached_tokens
             state.token_ids.extend(out.new_token_ids)
-            state.logprobs.update(out.new_token_ids, out.new_logprobs, out.new_prompt_logprobs)
+            state.logprobs.update_from_output(out.new_logprobs, out.new_prompt_logprobs)
             finish_reason = str(out.finish_reason) if out.finish_reason else None
             stop_reason = out.stop_reason
             if state.detokenizer is not None and out.new_token_ids:
-                stop_str = state.detokenizer.update(out.new_token_ids)
+                # A stop token (eos / stop_token_ids) that ended the request is not shown as text.
+                stop_str = state.detokenizer.update(out.new_token_ids,
+                                                    stop_terminated=out.finish_reason == FinishReason.STOP)
                 if stop_str is not None and finish_reason is None:
                     finish_reason, stop_reason = str(FinishReason.STOP), stop_str
                     to_abort.append(out.req_id)
@@ -115,8 +117,10 @@ class OutputProcessor:
         finished = finish_reason is not None
         if kind == RequestOutputKind.FINAL_ONLY and not finished:
             return None
-        completion = state.completion(finish_reason, stop_reason, delta=kind == RequestOutputKind.DELTA)
+        delta = kind == RequestOutputKind.DELTA
+        completion = state.completion(finish_reason, stop_reason, delta=delta)
         parent = state.parent
+        prompt_logprobs = state.logprobs.pop_prompt_logprobs() if delta else state.logprobs.prompt_logprobs
         if parent is None:
             outputs, request_id, all_done = [completion], state.request_id, finished
         else:
@@ -129,12 +133,12 @@ class OutputProcessor:
                 if not all_done:
                     return None
                 outputs = [parent.latest[i] for i in range(parent.n)]
-            elif kind == RequestOutputKind.DELTA:
+            elif delta:
                 outputs = [completion]
             else:
                 outputs = [parent.latest[i] for i in sorted(parent.latest)]
         return RequestOutput(
             request_id=request_id, prompt=state.prompt, prompt_token_ids=state.prompt_token_ids,
-            prompt_logprobs=state.logprobs.prompt_logprobs, outputs=outputs, finished=all_done,
+            prompt_logprobs=prompt_logprobs, outputs=outputs, finished=all_done,
             metrics=state.metrics, num_cached_tokens=state.num_cached_tokens,
         )

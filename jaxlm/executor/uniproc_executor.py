@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import jax
+import numpy as np
 
 from jaxlm.core.outputs import ModelRunnerOutput
 from jaxlm.core.sched_output import SchedulerOutput
@@ -12,7 +13,8 @@ from jaxlm.worker.worker import Worker
 
 class UniProcExecutor(Executor):
     def _init_executor(self) -> None:
-        mesh = jax.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
+        # Auto axes: GSPMD propagates shardings (explicit axes would demand them on every gather).
+        mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("data", "model"))
         self.worker = Worker(self.config, mesh)
         self.worker.load_model()
 

@@ -26,12 +26,26 @@ from jaxlm.attention.metadata import AttentionMetadata
 from jaxlm.config import EngineConfig
 from jaxlm.core.outputs import LogprobsLists, ModelRunnerOutput
 from jaxlm.core.sched_output import SchedulerOutput
-from jaxlm.sample.metadata import SamplingInputBuilder
+from jaxlm.sample.builder import SamplingInputBuilder
+from jaxlm.sample.metadata import SamplerVariant
 from jaxlm.sample.sampler import sample
 from jaxlm.worker.buckets import pick_bucket, powers_of_two_up_to, validate_buckets
 from jaxlm.worker.input_batch import InputBatch, StepInputs
 
 logger = logging.getLogger(__name__)
+
+# The sampler programs compiled per sequence bucket. A batch runs the cheapest one that covers
+# what it needs; the extra parts are neutral for rows that don't use them.
+_GREEDY = SamplerVariant(random=False, processors=False, logprobs=False)
+_RANDOM = SamplerVariant(random=True, processors=False, logprobs=False)
+_FULL = SamplerVariant(random=True, processors=True, logprobs=True)
+RUNNER_VARIANTS = (_GREEDY, _RANDOM, _FULL)
+
+
+def _cover(need: SamplerVariant) -> SamplerVariant:
+    if need.processors or need.logprobs:
+        return _FULL
+    return _RANDOM if need.random else _GREEDY
 
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
@@ -70,10 +84,13 @@ class ModelRunner:
         self.sample_capacity = self.seq_buckets[-1]
 
         self.graphdef, self.params = nnx.split(model)
-        self.hidden_size = model.config.hidden_size if hasattr(model, "config") else None
-        self.vocab_size = int(model.config.vocab_size)
+        hf_config = config.model_config.hf_config
+        # (num_layers, num_kv_heads, head_dim) of the paged cache.
+        self.kv_cache_spec = type(model).get_kv_cache_spec(hf_config)
+        self.vocab_size = int(hf_config.vocab_size)
         self.input_batch = InputBatch(sched.max_num_seqs, sched.max_model_len, self.block_size)
-        self.sampling = SamplingInputBuilder(engine_seed=config.model_config.seed, vocab_size=self.vocab_size)
+        self.sampling = SamplingInputBuilder(
+            self.vocab_size, sched.max_model_len, engine_seed=config.model_config.seed)
         self.kv_caches: list[jax.Array] | None = None
         self._body: dict[int, Any] = {}
         self._sample: dict[tuple[int, Any], Any] = {}
@@ -81,25 +98,19 @@ class ModelRunner:
         self.warmup_seconds = 0.0
         # Guard: XLA compiles seen while a step runs (must stay 0 after warm-up).
         self.num_compiles_after_warmup = 0
+        # Padding waste: real vs padded tokens over all steps (scripts/bench.py reports it).
+        self.num_real_tokens = 0
+        self.num_padded_tokens = 0
         self._in_step = False
         _register_compile_listener(self)
 
     # ---- KV cache -------------------------------------------------------------------------
 
-    def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
-        num_layers, num_kv_heads, head_dim = type(self._model()).get_kv_cache_spec(self._model().config)
-        return (2, num_blocks, self.block_size, num_kv_heads, head_dim)
-
-    def _model(self) -> nnx.Module:
-        return nnx.merge(self.graphdef, self.params)
-
     def initialize_kv_cache(self, num_blocks: int, dtype: jnp.dtype) -> None:
-        model = self._model()
-        num_layers, num_kv_heads, head_dim = type(model).get_kv_cache_spec(model.config)
+        num_layers, num_kv_heads, head_dim = self.kv_cache_spec
         shape = (2, num_blocks, self.block_size, num_kv_heads, head_dim)
         sharding = self._kv_sharding(num_kv_heads)
         self.kv_caches = [jnp.zeros(shape, dtype, device=sharding) for _ in range(num_layers)]
-        self.kv_dtype = dtype
         logger.info("KV cache: %d blocks x %d tokens, %d layers, %s", num_blocks, self.block_size, num_layers, dtype)
 
     def _kv_sharding(self, num_kv_heads: int):
@@ -132,7 +143,7 @@ class ModelRunner:
         def logits_and_sample(params, hidden, sampling_md):
             model = nnx.merge(graphdef, params)
             logits = model.compute_logits(hidden[:num_rows])
-            return sample(logits, sampling_md, variant)
+            return sample(logits, sampling_md)
 
         return logits_and_sample
 
@@ -156,12 +167,12 @@ class ModelRunner:
             body_jit, params_spec, kv_spec, *self._abstract_step_inputs(self.token_buckets[0])
         )[0]
         jobs = [("body", T, None) for T in self.token_buckets]
-        jobs += [("sample", S, v) for S in self.seq_buckets for v in self.sampling.variants()]
+        jobs += [("sample", S, v) for S in self.seq_buckets for v in RUNNER_VARIANTS]
         for kind, size, variant in tqdm(jobs, desc="Compiling buckets", unit="program"):
             if kind == "body":
                 self._body[size] = body_jit.lower(params_spec, kv_spec, *self._abstract_step_inputs(size)).compile()
             else:
-                md_spec = self.sampling.abstract_metadata(size, variant)
+                md_spec = self.sampling.dummy_metadata(size, variant)
                 fn = jax.jit(self._sample_fn(size, variant))
                 self._sample[(size, variant)] = fn.lower(params_spec, hidden_dtype, md_spec).compile()
         self.num_programs = len(self._body) + len(self._sample)
@@ -188,13 +199,16 @@ class ModelRunner:
 
         T = pick_bucket(so.total_num_scheduled_tokens, self.token_buckets)
         inputs = self.input_batch.prepare_inputs(so, T, self._rows_for(T), self.sample_capacity)
+        self.num_real_tokens += inputs.num_tokens
+        self.num_padded_tokens += T
         hidden, self.kv_caches = self._body[T](self.params, self.kv_caches, *self._device_inputs(inputs))
 
         sampled: dict[str, int] = {}
         logprobs = None
         if inputs.sample_req_ids:
             S = pick_bucket(len(inputs.sample_req_ids), self.seq_buckets)
-            md, variant = self.sampling.build(inputs.sample_req_ids, S)
+            variant = _cover(self.sampling.variant_of(inputs.sample_req_ids))
+            md = self.sampling.build(inputs.sample_req_ids, S, min_variant=variant)
             out = self._sample[(S, variant)](self.params, hidden, md)
             n = len(inputs.sample_req_ids)
             token_ids = np.asarray(out.sampled_token_ids)[:n].tolist()
@@ -213,7 +227,7 @@ class ModelRunner:
     @staticmethod
     def _logprobs_rows(inputs: StepInputs, out: Any, n: int) -> LogprobsLists:
         """Sampler rows -> rows aligned with inputs.req_ids (zeros where nothing was sampled)."""
-        ids, lps, ranks = (np.asarray(a)[:n] for a in (out.logprob_token_ids, out.logprobs, out.sampled_ranks))
+        ids, lps, ranks = (np.asarray(a)[:n] for a in (out.logprob_token_ids, out.logprobs, out.sampled_token_ranks))
         pos = {r: i for i, r in enumerate(inputs.req_ids)}
         where = np.array([pos[r] for r in inputs.sample_req_ids])
         full = lambda a: np.zeros((len(inputs.req_ids),) + a.shape[1:], a.dtype)  # noqa: E731

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 
 import jax
 import numpy as np
@@ -22,10 +23,24 @@ logger = logging.getLogger(__name__)
 _CPU_DEFAULT_KV_BYTES = 4 << 30
 
 
+def enable_compilation_cache(cache_dir: str | None) -> None:
+    """JAX's persistent compilation cache: a restart (or another engine on the same shapes)
+    loads compiled programs from disk instead of compiling again. "" turns it off."""
+    if cache_dir == "":
+        return
+    if cache_dir is None:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        cache_dir = os.path.join(base, "jaxlm", "xla")
+    jax.config.update("jax_compilation_cache_dir", cache_dir)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
 class Worker:
     def __init__(self, config: EngineConfig, mesh: jax.sharding.Mesh):
         self.config = config
         self.mesh = mesh
+        enable_compilation_cache(config.compilation_config.compilation_cache_dir)
         self.model_runner: ModelRunner | None = None
 
     def load_model(self) -> None:
@@ -37,8 +52,7 @@ class Worker:
         self.model_runner = ModelRunner(self.config, model, self.mesh)
 
     def bytes_per_block(self) -> int:
-        model = self.model_runner._model()
-        num_layers, num_kv_heads, head_dim = type(model).get_kv_cache_spec(model.config)
+        num_layers, num_kv_heads, head_dim = self.model_runner.kv_cache_spec
         itemsize = np.dtype(self.dtype).itemsize
         return 2 * num_layers * self.config.cache_config.block_size * num_kv_heads * head_dim * itemsize
 

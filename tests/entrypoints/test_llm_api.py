@@ -1,0 +1,129 @@
+"""The offline API on a tiny model: prompt forms, ordering, metrics, bad input failing alone, abort."""
+
+import pytest
+
+from jaxlm import LLM, SamplingParams
+from jaxlm.sampling_params import RequestOutputKind
+from tests.helpers.tiny_tokenizer import make_tiny_engine_model
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory):
+    path = make_tiny_engine_model("llama", tmp_path_factory.mktemp("llama"))
+    return LLM(model=path, max_num_seqs=8, max_num_batched_tokens=64, max_model_len=128,
+               num_gpu_blocks_override=40, seed=0)
+
+
+def _usage(llm):
+    return llm.llm_engine.get_stats()["kv_cache_usage_perc"]
+
+
+def test_prompt_forms_and_order(llm):
+    tok = llm.get_tokenizer()
+    greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    text = "The capital of France is"
+    ids = tok.encode(text)
+    outs = llm.generate([text, {"prompt_token_ids": ids}, {"prompt": text}, "Hello"], greedy, use_tqdm=False)
+    assert [o.request_id for o in outs] == sorted((o.request_id for o in outs), key=int)
+    assert outs[0].prompt == text and outs[0].prompt_token_ids == ids
+    # The same tokens whatever form the prompt came in.
+    assert outs[0].outputs[0].token_ids == outs[1].outputs[0].token_ids == outs[2].outputs[0].token_ids
+    assert outs[0].outputs[0].text == tok.decode(outs[0].outputs[0].token_ids)
+    assert len(outs[3].outputs[0].token_ids) == 6 and outs[3].outputs[0].finish_reason == "length"
+    m = outs[0].metrics
+    assert m.arrival_time <= m.first_token_time <= m.finished_time
+    # A single string or a bare token-id list is one prompt.
+    assert len(llm.generate(text, greedy, use_tqdm=False)) == 1
+    assert len(llm.generate(ids, greedy, use_tqdm=False)) == 1
+
+
+def test_per_prompt_params(llm):
+    outs = llm.generate(["a", "b"], [SamplingParams(temperature=0, max_tokens=2, ignore_eos=True),
+                                     SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)],
+                        use_tqdm=False)
+    assert [len(o.outputs[0].token_ids) for o in outs] == [2, 5]
+    with pytest.raises(ValueError, match="sampling params for 3 prompts"):
+        llm.generate(["a", "b", "c"], [SamplingParams()] * 2)
+
+
+@pytest.mark.parametrize("prompt,params,message", [
+    ("x " * 200, SamplingParams(), "longer than the maximum model length of 128"),
+    ("", SamplingParams(), "prompt cannot be empty"),
+    ({"prompt_token_ids": [5, 99999]}, SamplingParams(), "Token id 99999 is out of vocabulary"),
+    ("hi", SamplingParams(logprobs=50), "logprobs=50 is more than the maximum"),
+    ("hi", SamplingParams(stop_token_ids=[10**6]), "stop_token_ids holds token id 1000000"),
+])
+def test_bad_request_fails_alone(llm, prompt, params, message):
+    with pytest.raises(ValueError, match=message):
+        llm.generate(["fine prompt", prompt], params, use_tqdm=False)
+    assert not llm.llm_engine.has_unfinished_requests()
+    assert _usage(llm) == 0.0
+    # The engine keeps serving.
+    [out] = llm.generate(["still alive"], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True),
+                         use_tqdm=False)
+    assert len(out.outputs[0].token_ids) == 3
+
+
+def test_invalid_sampling_params_are_rejected():
+    for kwargs, message in [(dict(temperature=-1), "temperature"), (dict(top_p=0), "top_p"),
+                            (dict(n=0), "n must"), (dict(max_tokens=0), "max_tokens")]:
+        with pytest.raises(ValueError, match=message):
+            SamplingParams(**kwargs)
+
+
+def test_abort_frees_blocks_and_others_finish(llm):
+    engine = llm.llm_engine
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
+    for i in range(3):
+        engine.add_request(f"abort-{i}", f"request number {i}", params)
+    for _ in range(3):
+        engine.step()
+    assert _usage(llm) > 0
+    engine.abort_request("abort-1")
+    finished = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            assert out.request_id != "abort-1"
+            if out.finished:
+                finished[out.request_id] = out
+    assert set(finished) == {"abort-0", "abort-2"}
+    assert _usage(llm) == 0.0
+
+
+def test_streaming_deltas_concatenate(llm):
+    engine = llm.llm_engine
+    delta = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
+    engine.add_request("stream", "The quick brown fox", delta)
+    text, tokens = "", []
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            text += out.outputs[0].text
+            tokens += out.outputs[0].token_ids
+    [final] = llm.generate(["The quick brown fox"], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
+                           use_tqdm=False)
+    assert tokens == final.outputs[0].token_ids
+    assert text == final.outputs[0].text
+
+
+def test_n_greater_than_one(llm):
+    [out] = llm.generate(["Hello, my name is"], SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=8,
+                                                              ignore_eos=True), use_tqdm=False)
+    assert [c.index for c in out.outputs] == [0, 1, 2]
+    assert all(len(c.token_ids) == 8 for c in out.outputs)
+    assert len({tuple(c.token_ids) for c in out.outputs}) > 1  # distinct samples
+    [again] = llm.generate(["Hello, my name is"], SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=8,
+                                                                ignore_eos=True), use_tqdm=False)
+    assert [c.token_ids for c in again.outputs] == [c.token_ids for c in out.outputs]
+
+
+def test_stop_string(llm):
+    greedy = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    [ref] = llm.generate(["The capital"], greedy, use_tqdm=False)
+    text = ref.outputs[0].text
+    stop = text[len(text) // 2: len(text) // 2 + 2]
+    assert stop
+    [out] = llm.generate(["The capital"], SamplingParams(temperature=0, max_tokens=30, ignore_eos=True,
+                                                         stop=[stop]), use_tqdm=False)
+    assert out.outputs[0].finish_reason == "stop" and out.outputs[0].stop_reason == stop
+    assert out.outputs[0].text == text[: text.index(stop)]
+    assert _usage(llm) == 0.0

