@@ -58,8 +58,8 @@ class InputProcessor:
         """A copy of params with the engine's defaults and token-level fields filled in."""
         params = params.clone()
         room = self.max_model_len - prompt_len
-        if params.max_tokens is None:
-            params.max_tokens = room
+        # Past max_model_len a request finishes with "length", as in vLLM's offline API.
+        params.max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(params, name)
             if value is not None and value > self.max_logprobs:

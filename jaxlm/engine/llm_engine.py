@@ -48,6 +48,12 @@ class LLMEngine:
         self.tokenizer = get_tokenizer(mc)
         self.executor = Executor.get_class(config)(config)
         num_blocks = self.executor.determine_num_available_blocks()
+        capacity = num_blocks * config.cache_config.block_size
+        if capacity < mc.max_model_len:
+            raise ValueError(
+                f"The model's max seq len ({mc.max_model_len}) is larger than the maximum number of tokens "
+                f"that can be stored in KV cache ({capacity}). Increase the KV cache memory "
+                "(--kv-cache-memory, --num-gpu-blocks-override) or decrease --max-model-len.")
         config.cache_config.num_gpu_blocks = num_blocks
         self.executor.initialize_cache(num_blocks)
         self.scheduler = Scheduler(config.scheduler_config, config.cache_config)

@@ -39,7 +39,7 @@ CASES = {
     "default": (dict(), [3, 7, 12, 16, 17, 25, 33, 48, 5], 0),
     "prefix_caching": (dict(enable_prefix_caching=True), [3, 9, 14, 20, 1, 30, 6, 11], 40),
     "chunked_prefill": (dict(max_num_batched_tokens=32, token_buckets=[8, 16, 32]), [70, 3, 45, 12, 90, 8, 33, 51], 0),
-    "preemption": (dict(num_gpu_blocks_override=14), [20, 31, 15, 40, 26, 9, 33, 18], 0),
+    "preemption": (dict(num_gpu_blocks_override=14, max_model_len=224), [20, 31, 15, 40, 26, 9, 33, 18], 0),
 }
 
 

@@ -1,0 +1,59 @@
+"""KV cache blocks and the block hashes used for prefix caching."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple, Sequence
+
+# Parent "hash" of a sequence's first block: any fixed value works, it only has to be shared.
+_ROOT_HASH = 0x6A61786C6D  # "jaxlm"
+
+
+class BlockHash(NamedTuple):
+    """Hash of one full block, chained through its parent.
+
+    The token ids are kept next to the hash value so that a dict lookup compares the tokens too:
+    a 64-bit collision between two different blocks can never alias their K/V.
+    """
+
+    hash_value: int
+    token_ids: tuple[int, ...]
+
+
+def hash_block_tokens(parent: BlockHash | None, token_ids: Sequence[int]) -> BlockHash:
+    """hash(parent_hash, tuple(tokens)): the same tokens under a different prefix hash differently."""
+    tokens = tuple(token_ids)
+    parent_value = _ROOT_HASH if parent is None else parent.hash_value
+    # Python's hash of ints/tuples of ints is deterministic across processes (no PYTHONHASHSEED).
+    return BlockHash(hash((parent_value, tokens)), tokens)
+
+
+def hash_request_blocks(
+    token_ids: Sequence[int], block_size: int, block_hashes: list[BlockHash], num_blocks: int
+) -> list[BlockHash]:
+    """Extend ``block_hashes`` (in place) to cover the first ``num_blocks`` full blocks."""
+    num_blocks = min(num_blocks, len(token_ids) // block_size)
+    parent = block_hashes[-1] if block_hashes else None
+    for i in range(len(block_hashes), num_blocks):
+        parent = hash_block_tokens(parent, token_ids[i * block_size : (i + 1) * block_size])
+        block_hashes.append(parent)
+    return block_hashes
+
+
+@dataclasses.dataclass(eq=False)
+class KVCacheBlock:
+    """One page of the KV cache. Identity (not value) equality: blocks are unique objects."""
+
+    block_id: int
+    # Requests holding the block; 0 = on the free list (possibly still cached).
+    ref_cnt: int = 0
+    # Set once the block is full, computed and registered in the prefix cache.
+    block_hash: BlockHash | None = None
+
+    def __repr__(self) -> str:
+        cached = "" if self.block_hash is None else f", hash={self.block_hash.hash_value:#x}"
+        return f"KVCacheBlock(id={self.block_id}, ref_cnt={self.ref_cnt}{cached})"
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)

@@ -1,0 +1,343 @@
+"""Scheduler: continuous batching with chunked prefill, prefix caching and recompute preemption.
+
+One step = schedule() -> runner -> update_from_output(). Running requests go first (one decode
+token each, or the next chunk of a prompt), then waiting requests in FCFS order while the token
+budget, max_num_seqs and free blocks allow. When a running request needs a block and none is
+free, the newest running request is preempted (its blocks freed, recomputed later).
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+from typing import Iterable
+
+from jaxlm.config import CacheConfig, SchedulerConfig
+from jaxlm.core.kv_cache_manager import KVCacheManager
+from jaxlm.core.outputs import EngineCoreOutput, FinishReason, LogprobsLists, ModelRunnerOutput
+from jaxlm.core.request import Request, RequestStatus
+from jaxlm.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
+from jaxlm.core.stats import SchedulerStats
+
+logger = logging.getLogger(__name__)
+
+
+class Scheduler:
+    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig) -> None:
+        if cache_config.num_gpu_blocks is None:
+            raise ValueError("cache_config.num_gpu_blocks must be set before building the Scheduler")
+        self.scheduler_config = scheduler_config
+        self.cache_config = cache_config
+        self.max_num_seqs = scheduler_config.max_num_seqs
+        self.max_num_batched_tokens = scheduler_config.max_num_batched_tokens
+        self.max_model_len = scheduler_config.max_model_len
+        self.block_size = cache_config.block_size
+        self.kv_cache_manager = KVCacheManager(
+            num_blocks=cache_config.num_gpu_blocks,
+            block_size=cache_config.block_size,
+            enable_prefix_caching=cache_config.enable_prefix_caching,
+        )
+        self.requests: dict[str, Request] = {}
+        self.waiting: collections.deque[Request] = collections.deque()
+        self.running: list[Request] = []
+        # Finished/aborted since the last schedule(): told to the runner in the next output.
+        self.finished_req_ids: set[str] = set()
+        # Outputs produced outside update_from_output (a request dropped by schedule()).
+        self._pending_outputs: list[EngineCoreOutput] = []
+        self.num_preemptions = 0
+
+    # -- admission -------------------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        """Queue a request; ValueError if it could never run, even alone in the cache."""
+        rid = request.request_id
+        if rid in self.requests:
+            raise ValueError(f"Request id {rid!r} is already in the scheduler")
+        num_prompt = request.num_prompt_tokens
+        if num_prompt == 0:
+            raise ValueError(f"Request {rid!r}: the prompt is empty")
+        if num_prompt >= self.max_model_len:
+            raise ValueError(
+                f"Request {rid!r}: the prompt ({num_prompt} tokens) leaves no room to generate "
+                f"within max_model_len={self.max_model_len}"
+            )
+        if request.max_tokens is None:
+            request.max_tokens = self.max_model_len - num_prompt
+        if num_prompt + request.max_tokens > self.max_model_len:
+            raise ValueError(
+                f"Request {rid!r}: prompt ({num_prompt} tokens) + max_tokens ({request.max_tokens}) "
+                f"= {num_prompt + request.max_tokens} exceeds max_model_len={self.max_model_len}"
+            )
+        # The last sampled token is never fed back, so the cache holds at most n - 1 tokens.
+        max_cached = num_prompt + request.max_tokens - 1
+        blocks_needed = self.kv_cache_manager.get_num_blocks_needed(max_cached)
+        if blocks_needed > self.kv_cache_manager.num_blocks:
+            raise ValueError(
+                f"Request {rid!r}: prompt ({num_prompt} tokens) + max_tokens ({request.max_tokens}) "
+                f"needs {blocks_needed} KV cache blocks of {self.block_size} tokens but the cache "
+                f"has only {self.kv_cache_manager.num_blocks}; lower max_tokens or the prompt length"
+            )
+        sp = request.sampling_params
+        stop_ids = set(sp.stop_token_ids or ()) | set(sp.all_stop_token_ids or ())
+        if sp.ignore_eos and request.eos_token_id is not None:
+            stop_ids.discard(request.eos_token_id)
+        request.stop_token_ids = frozenset(stop_ids)
+        request.status = RequestStatus.WAITING
+        self.requests[rid] = request
+        self.waiting.append(request)
+
+    # -- one step --------------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        token_budget = self.max_num_batched_tokens
+        kv = self.kv_cache_manager
+        num_scheduled_tokens: dict[str, int] = {}
+        new_reqs_data: list[NewRequestData] = []
+        cached = CachedRequestData()
+        preempted_reqs: list[Request] = []
+
+        # 1. Running requests: decode tokens and remaining prompt chunks.
+        req_index = 0
+        while req_index < len(self.running) and token_budget > 0:
+            request = self.running[req_index]
+            num_new_tokens = min(request.num_tokens - request.num_computed_tokens, token_budget)
+            if num_new_tokens <= 0:
+                # Only if the runner returned no token after a full prefill; skip, don't crash.
+                logger.warning("Request %s has no token to compute", request.request_id)
+                req_index += 1
+                continue
+            while True:
+                new_blocks = kv.allocate_slots(request, num_new_tokens)
+                if new_blocks is not None:
+                    break
+                victim = self.running.pop()  # newest; never one already scheduled this step
+                self._preempt(victim)
+                preempted_reqs.append(victim)
+                if victim is request:
+                    break
+            if new_blocks is None:
+                break
+            num_scheduled_tokens[request.request_id] = num_new_tokens
+            token_budget -= num_new_tokens
+            cached.req_ids.append(request.request_id)
+            cached.new_block_ids.append([b.block_id for b in new_blocks])
+            cached.num_computed_tokens.append(request.num_computed_tokens)
+            req_index += 1
+
+        # 2. Waiting requests, FCFS. Not after a preemption: blocks are short this step.
+        while not preempted_reqs and self.waiting and token_budget > 0:
+            if len(self.running) >= self.max_num_seqs:
+                break
+            request = self.waiting[0]
+            computed_blocks, num_computed = kv.get_computed_blocks(request)
+            num_new_tokens = min(request.num_tokens - num_computed, token_budget)
+            new_blocks = kv.allocate_slots(request, num_new_tokens, computed_blocks)
+            if new_blocks is None:
+                if not self.running:
+                    # Nothing holds a block, so it can never fit: drop it rather than spin.
+                    self._drop_unschedulable(request)
+                    continue
+                break
+            self.waiting.popleft()
+            if request.num_cached_tokens < 0:  # first admission (resumes are not counted)
+                kv.record_prefix_cache_query(request.num_tokens, num_computed)
+                request.num_cached_tokens = num_computed
+            request.num_computed_tokens = num_computed
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            num_scheduled_tokens[request.request_id] = num_new_tokens
+            token_budget -= num_new_tokens
+            new_reqs_data.append(
+                NewRequestData(
+                    req_id=request.request_id,
+                    prompt_token_ids=request.prompt_token_ids,
+                    output_token_ids=list(request.output_token_ids),
+                    sampling_params=request.sampling_params,
+                    block_ids=kv.get_block_ids(request.request_id),
+                    num_computed_tokens=num_computed,
+                )
+            )
+
+        total = self.max_num_batched_tokens - token_budget
+        output = SchedulerOutput(
+            scheduled_new_reqs=new_reqs_data,
+            scheduled_cached_reqs=cached,
+            num_scheduled_tokens=num_scheduled_tokens,
+            total_num_scheduled_tokens=total,
+            finished_req_ids=self.finished_req_ids,
+            preempted_req_ids={r.request_id for r in preempted_reqs},
+        )
+        self.finished_req_ids = set()
+        return output
+
+    def _preempt(self, request: Request) -> None:
+        self.kv_cache_manager.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        # Front of the queue: preempted requests pop newest-first, so FCFS order is kept.
+        self.waiting.appendleft(request)
+        logger.debug("Preempted request %s (%d times)", request.request_id, request.num_preemptions)
+
+    def _drop_unschedulable(self, request: Request) -> None:
+        logger.error(
+            "Request %s needs more KV blocks than the whole cache (%d); aborting it",
+            request.request_id,
+            self.kv_cache_manager.num_blocks,
+        )
+        self.waiting.popleft()
+        self._finish(request, RequestStatus.FINISHED_ABORTED)
+        self._pending_outputs.append(
+            EngineCoreOutput(req_id=request.request_id, new_token_ids=[], finish_reason=FinishReason.ABORT)
+        )
+
+    # -- after the runner ------------------------------------------------------------------
+
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
+    ) -> list[EngineCoreOutput]:
+        outputs, self._pending_outputs = self._pending_outputs, []
+        req_index = {rid: i for i, rid in enumerate(model_runner_output.req_ids)}
+        row_offsets = _logprob_row_offsets(model_runner_output)
+        kv = self.kv_cache_manager
+        finished: set[str] = set()
+        for rid, num_scheduled in scheduler_output.num_scheduled_tokens.items():
+            request = self.requests.get(rid)
+            if request is None or request.status != RequestStatus.RUNNING:
+                continue  # aborted (or finished) while the step ran
+            request.num_computed_tokens += num_scheduled
+            kv.cache_blocks(request, request.num_computed_tokens)
+            i = req_index.get(rid)
+            sampled = model_runner_output.sampled_token_ids[i] if i is not None else []
+            if request.num_computed_tokens < request.num_tokens:
+                sampled = []  # a partial prefill chunk: its token (if any) is not a real sample
+            new_token_ids: list[int] = []
+            for token_id in sampled:
+                request.append_output_token_ids(int(token_id))
+                new_token_ids.append(int(token_id))
+                if self._check_stop(request):
+                    break
+            new_logprobs = None
+            if new_token_ids and i is not None and row_offsets is not None:
+                start = row_offsets[i]
+                new_logprobs = _slice_logprobs(
+                    model_runner_output.logprobs, start, start + len(new_token_ids)
+                )
+            prompt_logprobs = model_runner_output.prompt_logprobs.get(rid)
+            finished_now = request.status > RequestStatus.PREEMPTED
+            if finished_now:
+                finished.add(rid)
+            if new_token_ids or prompt_logprobs is not None or finished_now:
+                outputs.append(
+                    EngineCoreOutput(
+                        req_id=rid,
+                        new_token_ids=new_token_ids,
+                        finish_reason=request.get_finished_reason() if finished_now else None,
+                        stop_reason=request.stop_reason,
+                        new_logprobs=new_logprobs,
+                        new_prompt_logprobs=prompt_logprobs,
+                        num_cached_tokens=max(request.num_cached_tokens, 0),
+                    )
+                )
+        if finished:
+            # One O(running) pass instead of a list.remove per finished request.
+            self.running = [r for r in self.running if r.request_id not in finished]
+            for rid in finished:
+                self._free_finished(self.requests[rid])
+        return outputs
+
+    def _check_stop(self, request: Request) -> bool:
+        """After appending one token: eos, stop token ids, max_tokens, max_model_len."""
+        token_id = request.output_token_ids[-1]
+        sp = request.sampling_params
+        # min_tokens holds back eos and stop ids alike (vLLM), never the length limits.
+        if request.num_output_tokens >= sp.min_tokens:
+            if not sp.ignore_eos and token_id == request.eos_token_id:
+                request.status = RequestStatus.FINISHED_STOPPED
+                return True
+            if token_id in request.stop_token_ids:
+                request.status = RequestStatus.FINISHED_STOPPED
+                request.stop_reason = token_id
+                return True
+        if request.num_output_tokens >= request.max_tokens or request.num_tokens >= self.max_model_len:
+            request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+            return True
+        return False
+
+    # -- finishing -------------------------------------------------------------------------
+
+    def finish_requests(self, request_ids: str | Iterable[str], finished_status: RequestStatus) -> None:
+        """Finish requests from outside (abort); unknown or already finished ids are ignored."""
+        if not RequestStatus.is_finished(finished_status):
+            raise ValueError(f"{finished_status!r} is not a finished status")
+        if isinstance(request_ids, str):
+            request_ids = (request_ids,)
+        to_drop: set[str] = set()
+        for rid in request_ids:
+            request = self.requests.get(rid)
+            if request is None or request.is_finished():
+                continue
+            if request.status == RequestStatus.RUNNING:
+                to_drop.add(rid)
+            else:
+                self.waiting.remove(request)
+            self._finish(request, finished_status)
+        if to_drop:
+            self.running = [r for r in self.running if r.request_id not in to_drop]
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        request.status = status
+        self._free_finished(request)
+
+    def _free_finished(self, request: Request) -> None:
+        self.kv_cache_manager.free(request)
+        self.finished_req_ids.add(request.request_id)
+        del self.requests[request.request_id]
+
+    # -- introspection ---------------------------------------------------------------------
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.get_num_unfinished_requests() > 0
+
+    def has_finished_requests(self) -> bool:
+        """Finished ids not yet told to the runner: worth one more (empty) step."""
+        return bool(self.finished_req_ids)
+
+    def has_requests(self) -> bool:
+        return self.has_unfinished_requests() or self.has_finished_requests() or bool(self._pending_outputs)
+
+    def reset_prefix_cache(self) -> bool:
+        return self.kv_cache_manager.reset_prefix_cache()
+
+    def make_stats(self) -> SchedulerStats:
+        pc = self.kv_cache_manager.prefix_cache_stats
+        return SchedulerStats(
+            num_running_reqs=len(self.running),
+            num_waiting_reqs=len(self.waiting),
+            kv_cache_usage=self.kv_cache_manager.usage,
+            prefix_cache_queries=pc.queries,
+            prefix_cache_hits=pc.hits,
+            num_preemptions=self.num_preemptions,
+        )
+
+
+def _logprob_row_offsets(out: ModelRunnerOutput) -> list[int] | None:
+    """Row of each request's first sampled token in out.logprobs (rows follow req_ids)."""
+    if out.logprobs is None:
+        return None
+    num_rows = out.logprobs.token_ids.shape[0]
+    if num_rows == len(out.req_ids):
+        return list(range(num_rows))  # one row per request, even for [] samples
+    # One row per sampled token (several tokens per request).
+    return list(itertools.accumulate((len(t) for t in out.sampled_token_ids), initial=0))
+
+
+def _slice_logprobs(lp: LogprobsLists, start: int, stop: int) -> LogprobsLists:
+    return LogprobsLists(
+        token_ids=lp.token_ids[start:stop], logprobs=lp.logprobs[start:stop], ranks=lp.ranks[start:stop]
+    )

@@ -1,0 +1,38 @@
+"""Scheduler statistics, read by the engine's logger and the /metrics endpoint."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass
+class PrefixCacheStats:
+    """Cumulative prefix-cache counters, in tokens (vLLM's queries/hits)."""
+
+    # Requests looked up (first admission only; resumes after preemption are not counted).
+    requests: int = 0
+    # Tokens looked up (the prompt length of each counted request).
+    queries: int = 0
+    # Tokens found in the cache.
+    hits: int = 0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.queries if self.queries else 0.0
+
+
+@dataclasses.dataclass
+class SchedulerStats:
+    num_running_reqs: int = 0
+    num_waiting_reqs: int = 0
+    # Fraction of KV blocks held by requests, in [0, 1].
+    kv_cache_usage: float = 0.0
+    # Cumulative, in tokens.
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    # Cumulative number of preemptions.
+    num_preemptions: int = 0
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
