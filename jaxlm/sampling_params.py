@@ -54,7 +54,14 @@ class SamplingParams:
             self.top_k = 0
         if self.logit_bias is not None:
             self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
+        if isinstance(self.bad_words, str):
+            self.bad_words = [self.bad_words]
         self._verify()
+        if self.greedy:
+            # Zero temperature is greedy: the random-sampling filters do not apply (as vLLM).
+            self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
+        # The engine adds eos / generation-config ids (update_from_generation_config).
+        self.all_stop_token_ids = set(self.all_stop_token_ids) | set(self.stop_token_ids)
 
     def _verify(self) -> None:
         def bad(field: str, why: str, value: Any) -> ValueError:
@@ -92,6 +99,45 @@ class SamplingParams:
             raise bad("stop", "must be non-empty strings", self.stop)
         if self.allowed_token_ids is not None and not self.allowed_token_ids:
             raise bad("allowed_token_ids", "must not be empty", self.allowed_token_ids)
+        if self.stop and not self.detokenize:
+            raise bad("stop", "strings are only supported when detokenize is True", self.stop)
+
+    def update_from_generation_config(self, generation_config: dict[str, Any],
+                                      model_eos_token_id: int | None = None) -> None:
+        """Add eos and generation_config.eos_token_id(s) to the stop ids (vLLM's rule).
+
+        all_stop_token_ids (min_tokens masking) gets all of them; stop_token_ids (which finish
+        a request) gets the extra generation-config ids unless ignore_eos.
+        """
+        if model_eos_token_id is not None:
+            self.all_stop_token_ids.add(model_eos_token_id)
+        eos_ids = generation_config.get("eos_token_id")
+        if eos_ids is None:
+            return
+        eos_ids = {eos_ids} if isinstance(eos_ids, int) else set(eos_ids)
+        eos_ids.discard(model_eos_token_id)
+        if eos_ids:
+            self.all_stop_token_ids.update(eos_ids)
+            if not self.ignore_eos:
+                self.stop_token_ids = sorted(eos_ids | set(self.stop_token_ids))
+
+    def update_from_tokenizer(self, tokenizer: Any) -> None:
+        """Tokenize bad_words into bad_words_token_ids, with and without a leading space.
+
+        The spaced form is added only when it is a different word of the same length, so a word
+        is banned both at the start of the text and after a space (vLLM's rule).
+        """
+        if not self.bad_words:
+            return
+        words: list[list[int]] = []
+        for bad_word in self.bad_words:
+            plain = tokenizer.encode(bad_word.lstrip(), add_special_tokens=False)
+            spaced = tokenizer.encode(" " + bad_word.lstrip(), add_special_tokens=False)
+            if plain:
+                words.append(plain)
+            if spaced and (not plain or (spaced[0] != plain[0] and len(spaced) == len(plain))):
+                words.append(spaced)
+        self.bad_words_token_ids = words
 
     @property
     def greedy(self) -> bool:

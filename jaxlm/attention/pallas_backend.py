@@ -1,0 +1,148 @@
+"""The ``pallas`` attention backend: AttentionMetadata -> kernels_pallas arguments.
+
+One call = (1) scatter this step's K/V into their pages (XLA scatter on the donated cache,
+in place), then (2) attention reading every key, old and new, in place from the pages:
+
+  * decode-only steps (every row has <= 1 query token): ``paged_decode_attention``, one
+    program per (token, KV head, split) with a split-K merge so small batches with long
+    contexts still fill the GPU;
+  * everything else (prefill, chunked prefill, prefix hits, mixed): ``ragged_paged_attention``
+    over tiles of ``block_q`` tokens of one row.
+
+Which one is a *static* choice: pass ``max_query_len=1`` (or give the metadata a static
+``max_query_len`` attribute) for decode-only buckets. Without the hint the ragged kernel runs,
+which is correct for every batch, decode included. Why a separate K/V write instead of a
+fused one: the write is T x Hkv x D x 2 elements (KBs) against a read of the whole context
+(MBs); a fused write would need the cache aliased as a kernel output and cross-program
+ordering (the program writing a page is not the one reading it under split-K / GQA tiles),
+for a saving of one tiny launch per layer. vLLM makes the same split (reshape_and_cache).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+
+from jaxlm.attention.metadata import AttentionMetadata
+from jaxlm.attention.xla_backend import write_kv
+from kernels_pallas.paged_decode import paged_decode_attention
+from kernels_pallas.ragged_paged import default_block_q, ragged_paged_attention
+
+# Programs a decode call should launch to fill a GPU (~2 waves of an H100's 132 SMs).
+_TARGET_PROGRAMS = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class PallasConstraints:
+    """Block sizes the kernels use for one cache geometry, for the runner's buckets.
+
+    * ``decode_pages_per_block`` / ``prefill_pages_per_block``: pages read per inner step
+      (pages x block_size must be a power of 2 for the Triton lowering).
+    * ``max_num_splits``: most split-K partitions a decode call uses (a power of 2); each
+      token's actual key blocks are divided among them at run time.
+    * ``page_multiple``: size the block table's page dimension P as a multiple of this
+      (``round_pages``) and no call pads the table; any other P still works (padded per call).
+    * ``token_multiple``: the kernels take any token count; 1 unless a future kernel needs
+      more, so ``round_tokens`` is the hook the runner should call on token buckets anyway.
+    """
+
+    block_size: int
+    head_dim: int
+    decode_pages_per_block: int
+    prefill_pages_per_block: int
+    max_num_splits: int = 8
+    token_multiple: int = 1
+
+    @classmethod
+    def for_cache(cls, block_size: int, head_dim: int) -> "PallasConstraints":
+        # ~128 keys per decode step and ~64 per prefill step (half at head_dim 256) keep the
+        # K+V tiles of a few pipeline stages inside an SM's shared memory.
+        decode_keys = 128 if head_dim <= 128 else 64
+        prefill_keys = 64 if head_dim <= 128 else 32
+        return cls(block_size=block_size, head_dim=head_dim,
+                   decode_pages_per_block=max(1, decode_keys // block_size),
+                   prefill_pages_per_block=max(1, prefill_keys // block_size))
+
+    @property
+    def page_multiple(self) -> int:
+        # Splits divide each token's real key blocks at run time, so only whole compute
+        # blocks constrain the table.
+        return math.lcm(self.decode_pages_per_block, self.prefill_pages_per_block)
+
+    def round_pages(self, num_pages: int) -> int:
+        m = self.page_multiple
+        return -(-num_pages // m) * m
+
+    def round_tokens(self, num_tokens: int) -> int:
+        m = self.token_multiple
+        return -(-num_tokens // m) * m
+
+    def block_q(self, num_q_heads: int, num_kv_heads: int) -> int:
+        """Tokens per prefill tile."""
+        return default_block_q(num_q_heads // num_kv_heads)
+
+    def num_splits(self, num_tokens: int, num_kv_heads: int, pages_per_req: int) -> int:
+        """Decode split-K factor: enough programs to fill the GPU, never more splits than
+        compute blocks in the table. Static (shapes only), so one program per bucket."""
+        blocks = max(1, pages_per_req // self.decode_pages_per_block)
+        want = max(1, _TARGET_PROGRAMS // max(1, num_tokens * num_kv_heads))
+        s = 1
+        while s * 2 <= min(want, blocks, self.max_num_splits):
+            s *= 2
+        return s
+
+
+@dataclasses.dataclass(frozen=True)
+class PallasBackend:
+    """AttentionBackend over kernels_pallas; ``interpret=True`` runs the kernels on CPU."""
+
+    interpret: bool = False
+    name: str = "pallas"
+
+    def constraints(self, block_size: int, head_dim: int) -> PallasConstraints:
+        return PallasConstraints.for_cache(block_size, head_dim)
+
+    def __call__(
+        self,
+        q: jax.Array,
+        k: jax.Array,
+        v: jax.Array,
+        kv_cache: jax.Array,
+        md: AttentionMetadata,
+        *,
+        scale: float,
+        sliding_window: int | None = None,
+        logits_soft_cap: float | None = None,
+        max_query_len: int | None = None,
+    ) -> tuple[jax.Array, jax.Array]:
+        T, Hq, D = q.shape
+        _, _, bs, Hkv, _ = kv_cache.shape
+        c = self.constraints(bs, D)
+        kv_cache = write_kv(kv_cache, k, v, md.slot_mapping)
+        if max_query_len is None:
+            max_query_len = getattr(md, "max_query_len", None)
+        scale = float(scale)
+        if max_query_len == 1:
+            # Decode: each real token sees its row's keys [0, position]; padding sees none.
+            kv_lens = jnp.where(md.slot_mapping >= 0, md.positions + 1, 0).astype(jnp.int32)
+            out = paged_decode_attention(
+                q, kv_cache, md.block_tables, md.token_to_req, kv_lens,
+                scale=scale, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
+                pages_per_compute_block=c.decode_pages_per_block,
+                num_splits=c.num_splits(T, Hkv, md.block_tables.shape[1]),
+                interpret=self.interpret)
+        else:
+            out = ragged_paged_attention(
+                q, kv_cache, md.block_tables, md.context_lens, md.query_start_loc,
+                scale=scale, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
+                pages_per_compute_block=c.prefill_pages_per_block,
+                block_q=c.block_q(Hq, Hkv), interpret=self.interpret)
+        return out, kv_cache
+
+
+def make_pallas_backend() -> PallasBackend:
+    """Registry factory: real kernels on GPU, the same kernels in interpret mode elsewhere."""
+    return PallasBackend(interpret=jax.default_backend() != "gpu")

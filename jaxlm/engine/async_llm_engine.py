@@ -1,0 +1,286 @@
+"""AsyncLLMEngine: the asyncio face of LLMEngine for the server.
+
+One dedicated thread owns the LLMEngine (which is single-threaded): it drains a queue of add/abort
+commands, calls step() while there is work and sleeps on a condition when idle. The event loop
+never waits on the device; outputs come back through one asyncio.Queue per request, handed over
+with loop.call_soon_threadsafe (one wake-up per loop per step, not one per token).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
+
+from jaxlm.engine.llm_engine import QueueFullError  # re-exported: the server maps it to 429
+from jaxlm.outputs import RequestOutput
+from jaxlm.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from jaxlm.engine.arg_utils import EngineArgs
+    from jaxlm.engine.llm_engine import LLMEngine
+
+__all__ = ["AsyncLLMEngine", "EngineDeadError", "QueueFullError"]
+
+logger = logging.getLogger(__name__)
+
+# Publish engine stats at most this often while busy (always when going idle).
+_STATS_INTERVAL_S = 0.05
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop died; no request can be served any more."""
+
+
+@dataclasses.dataclass
+class _Stream:
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue  # RequestOutput | BaseException items
+
+
+@dataclasses.dataclass
+class _Add:
+    request_id: str
+    prompt: str | list[int]
+    params: SamplingParams
+    arrival_time: float
+
+
+@dataclasses.dataclass
+class _Abort:
+    request_ids: list[str]
+
+
+class AsyncLLMEngine:
+    """Runs an LLMEngine on its own thread and streams RequestOutputs to asyncio callers."""
+
+    def __init__(self, engine_factory: Callable[[], "LLMEngine"], *, start_timeout: float | None = None) -> None:
+        self._cv = threading.Condition()
+        self._commands: list[_Add | _Abort] = []
+        self._stop = False
+        self._abort_on_stop = False
+        self._streams: dict[str, _Stream] = {}  # touched only under self._cv
+        self._stats: dict[str, Any] = {}
+        self._dead: BaseException | None = None
+        self._ready = threading.Event()
+        self._init_error: BaseException | None = None
+        self.engine: "LLMEngine | None" = None
+        self.tokenizer: Any = None
+        self._thread = threading.Thread(
+            target=self._run, args=(engine_factory,), name="jaxlm-engine-loop", daemon=True
+        )
+        self._thread.start()
+        # Building the engine (loading weights, warm-up compiles) happens on the engine thread so
+        # that every LLMEngine call comes from that one thread.
+        if not self._ready.wait(start_timeout):
+            raise TimeoutError("engine did not start in time")
+        if self._init_error is not None:
+            raise self._init_error
+
+    @classmethod
+    def from_engine_args(cls, engine_args: "EngineArgs") -> "AsyncLLMEngine":
+        from jaxlm.engine.llm_engine import LLMEngine
+
+        return cls(lambda: LLMEngine.from_engine_args(engine_args))
+
+    # ---------------------------------------------------------------- properties
+    @property
+    def engine_config(self) -> Any:
+        return self.engine.engine_config
+
+    @property
+    def is_running(self) -> bool:
+        return self._dead is None and self._thread.is_alive() and not self._stop
+
+    @property
+    def errored(self) -> bool:
+        return self._dead is not None
+
+    @property
+    def dead_error(self) -> EngineDeadError:
+        return EngineDeadError(f"engine loop died: {self._dead!r}")
+
+    def get_stats(self) -> dict[str, Any]:
+        """The latest engine stats snapshot (taken on the engine thread)."""
+        with self._cv:
+            return dict(self._stats)
+
+    def get_num_unfinished_requests(self) -> int:
+        with self._cv:
+            return len(self._streams)
+
+    # ---------------------------------------------------------------- requests
+    async def generate(
+        self,
+        prompt: str | list[int],
+        sampling_params: SamplingParams,
+        request_id: str,
+        arrival_time: float | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Yields the request's outputs until it finishes; closing the generator aborts it."""
+        if not self.is_running:
+            raise self.dead_error if self._dead is not None else EngineDeadError("engine is stopped")
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        with self._cv:
+            if request_id in self._streams:
+                raise ValueError(f"request id {request_id!r} is already in use")
+            self._streams[request_id] = stream
+            self._commands.append(_Add(request_id, prompt, sampling_params, arrival_time or time.time()))
+            self._cv.notify()
+        finished = False
+        try:
+            while True:
+                item = await stream.queue.get()
+                if isinstance(item, BaseException):
+                    finished = True  # the engine has already dropped it
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:  # cancelled, closed early or the caller raised: free its KV blocks
+                self._abort_nowait([request_id])
+
+    async def abort(self, request_id: str | list[str]) -> None:
+        self._abort_nowait([request_id] if isinstance(request_id, str) else list(request_id))
+
+    def _abort_nowait(self, request_ids: list[str]) -> None:
+        with self._cv:
+            for rid in request_ids:
+                self._streams.pop(rid, None)
+            self._commands.append(_Abort(request_ids))
+            self._cv.notify()
+
+    async def check_health(self) -> None:
+        if not self.is_running:
+            raise self.dead_error
+
+    def shutdown(self, abort_requests: bool = True, timeout: float | None = 30.0) -> None:
+        """Stops the loop; in-flight requests are aborted (or finished if abort_requests=False)."""
+        with self._cv:
+            self._stop = True
+            self._abort_on_stop = abort_requests
+            self._cv.notify()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
+    # ---------------------------------------------------------------- engine thread
+    def _run(self, engine_factory: Callable[[], "LLMEngine"]) -> None:
+        try:
+            engine = engine_factory()
+            self.engine = engine
+            self.tokenizer = _frontend_tokenizer(engine.tokenizer)
+            self._publish_stats(engine)
+        except BaseException as e:  # noqa: BLE001 - reported to the constructor's caller
+            self._init_error = e
+            self._dead = e
+            self._ready.set()
+            return
+        self._ready.set()
+        try:
+            self._loop(engine)
+        except BaseException as e:  # noqa: BLE001 - every pending request gets the error
+            logger.exception("engine loop died")
+            self._dead = e
+            self._fail_all(self.dead_error)
+        else:
+            self._fail_all(EngineDeadError("engine is stopped"))
+
+    def _loop(self, engine: "LLMEngine") -> None:
+        last_stats = 0.0
+        while True:
+            with self._cv:
+                while not self._commands and not self._stop and not engine.has_unfinished_requests():
+                    self._publish_stats_locked(engine)  # idle: the gauges must read zero now
+                    self._cv.wait()
+                commands, self._commands = self._commands, []
+                stop, abort_on_stop = self._stop, self._abort_on_stop
+            for cmd in commands:
+                if isinstance(cmd, _Abort):
+                    engine.abort_request(cmd.request_ids)
+                else:
+                    self._add(engine, cmd)
+            if stop and (abort_on_stop or not engine.has_unfinished_requests()):
+                with self._cv:
+                    pending = list(self._streams)
+                if pending:
+                    engine.abort_request(pending)
+                return
+            if engine.has_unfinished_requests():
+                outputs = engine.step()
+                if outputs:
+                    self._dispatch(outputs)
+                now = time.monotonic()
+                if now - last_stats >= _STATS_INTERVAL_S:
+                    self._publish_stats(engine)
+                    last_stats = now
+
+    def _add(self, engine: "LLMEngine", cmd: _Add) -> None:
+        with self._cv:
+            if cmd.request_id not in self._streams:
+                return  # aborted before it reached the engine
+        try:
+            # Raises ValueError for bad input, QueueFullError past --max-num-queued-reqs.
+            engine.add_request(cmd.request_id, cmd.prompt, cmd.params, arrival_time=cmd.arrival_time)
+        except Exception as e:  # noqa: BLE001 - goes to this request's caller only
+            with self._cv:
+                stream = self._streams.pop(cmd.request_id, None)
+            if stream is not None:
+                stream.loop.call_soon_threadsafe(stream.queue.put_nowait, e)
+
+    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, RequestOutput]]] = {}
+        with self._cv:
+            for out in outputs:
+                stream = self._streams.get(out.request_id)
+                if stream is None:
+                    continue  # aborted meanwhile
+                by_loop.setdefault(stream.loop, []).append((stream.queue, out))
+            for out in outputs:  # after the loop: n > 1 gives several outputs per request a step
+                if out.finished:
+                    self._streams.pop(out.request_id, None)
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, items)
+            except RuntimeError:  # the caller's loop is closed; nobody is listening
+                pass
+
+    def _fail_all(self, error: BaseException) -> None:
+        with self._cv:
+            streams, self._streams = self._streams, {}
+        for stream in streams.values():
+            try:
+                stream.loop.call_soon_threadsafe(stream.queue.put_nowait, error)
+            except RuntimeError:
+                pass
+
+    def _publish_stats(self, engine: "LLMEngine") -> None:
+        with self._cv:
+            self._publish_stats_locked(engine)
+
+    def _publish_stats_locked(self, engine: "LLMEngine") -> None:
+        try:
+            self._stats = dict(engine.get_stats())
+        except Exception:  # noqa: BLE001 - stats must never kill the loop
+            logger.exception("get_stats failed")
+
+
+def _put_all(items: list[tuple[asyncio.Queue, RequestOutput]]) -> None:
+    for queue, out in items:
+        queue.put_nowait(out)
+
+
+def _frontend_tokenizer(tokenizer: Any) -> Any:
+    """A private copy for the event-loop thread: HF fast tokenizers can fail with 'Already
+    borrowed' when one instance encodes on two threads at once."""
+    try:
+        return copy.deepcopy(tokenizer)
+    except Exception:  # noqa: BLE001
+        logger.warning("could not copy the tokenizer; sharing the engine's")
+        return tokenizer

@@ -1,0 +1,78 @@
+"""Tokenizers: HF fast tokenizers from a model directory or from GGUF metadata."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from typing import Any
+
+from jaxlm.config import ModelConfig
+from jaxlm.model_loader.errors import NoWeightsError
+from jaxlm.model_loader.formats import default_model_path, detect_load_format, find_gguf_file, model_dir
+
+logger = logging.getLogger(__name__)
+
+
+def _gguf_chat_template(gguf_path: str) -> str | None:
+    from jaxlm.model_loader.gguf_utils import open_gguf
+
+    return open_gguf(gguf_path).fields.get("tokenizer.chat_template")
+
+
+def _cache_dir(gguf_path: str) -> str | None:
+    """Where the tokenizer converted from a GGUF is kept (converting takes seconds; loading ms)."""
+    root = os.environ.get("JAXLM_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "jaxlm"))
+    if not root:
+        return None
+    st = os.stat(gguf_path)
+    key = hashlib.sha256(f"{os.path.abspath(gguf_path)}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    return os.path.join(root, "tokenizers", f"{os.path.basename(gguf_path)}-{key}")
+
+
+def _gguf_tokenizer(gguf_path: str, **kwargs: Any) -> Any:
+    from transformers import AutoTokenizer
+
+    cache = _cache_dir(gguf_path) if not kwargs else None
+    if cache and os.path.isfile(os.path.join(cache, "tokenizer.json")):
+        try:
+            return AutoTokenizer.from_pretrained(cache)
+        except Exception as e:  # a damaged cache entry: rebuild it
+            logger.warning("ignoring the cached tokenizer %s: %s", cache, e)
+    logger.info("building the tokenizer from GGUF metadata of %s", gguf_path)
+    tok = AutoTokenizer.from_pretrained(os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path), **kwargs)
+    if not getattr(tok, "chat_template", None):
+        template = _gguf_chat_template(gguf_path)
+        if template:
+            tok.chat_template = template
+    if cache:
+        try:
+            tmp = f"{cache}.tmp{os.getpid()}"
+            tok.save_pretrained(tmp)
+            os.replace(tmp, cache)  # atomic: concurrent engines never read half a cache entry
+        except OSError as e:
+            logger.warning("could not cache the tokenizer in %s: %s", cache, e)
+    return tok
+
+
+def get_tokenizer(model_config: ModelConfig, **kwargs: Any) -> Any:
+    """An HF fast tokenizer for ``model_config.tokenizer`` (or the model path when unset).
+
+    A directory with tokenizer files wins; otherwise a GGUF's embedded vocab is converted by
+    transformers (no torch needed) and its chat template is taken from the GGUF metadata.
+    """
+    from transformers import AutoTokenizer
+
+    path = model_config.tokenizer or model_config.model or default_model_path()
+    path = os.path.expanduser(path)
+    if not os.path.exists(path):
+        raise NoWeightsError(path, "tokenizer path does not exist")
+    directory = model_dir(path)
+    has_tokenizer_files = any(
+        os.path.isfile(os.path.join(directory, n)) for n in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+    )
+    if not path.endswith(".gguf") and has_tokenizer_files:
+        return AutoTokenizer.from_pretrained(directory, **kwargs)
+    if path.endswith(".gguf") or detect_load_format(path) == "gguf":
+        return _gguf_tokenizer(find_gguf_file(path), **kwargs)
+    raise NoWeightsError(path, "no tokenizer files (tokenizer.json / tokenizer_config.json) found")

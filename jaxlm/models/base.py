@@ -1,0 +1,132 @@
+"""What every causal LM shares: HF-name weight loading, expected names, Param specs.
+
+A model's module tree mirrors the HF checkpoint's names (``model.layers.0.self_attn.q_proj``),
+so the HF name of a Param is its nnx path joined with dots. Families whose checkpoint differs
+(a fused tensor split over several Params, legacy prefixes) override ``_extra_targets`` and
+``canonical_name``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, Iterable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, PartitionSpec
+
+from jaxlm.model_loader.errors import UnexpectedWeightError, WeightShapeError
+from jaxlm.models.utils import get_param_partition_spec, hf_shape, place, to_param_layout
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_SOURCE = "<checkpoint>"
+
+
+class WeightTarget:
+    """Where one HF tensor goes: a list of (Param, HF array -> Param array), and its HF shape."""
+
+    __slots__ = ("hf_shape", "parts")
+
+    def __init__(self, hf_shape: tuple[int, ...], parts: list[tuple[nnx.Variable, Callable[[np.ndarray], np.ndarray]]]):
+        self.hf_shape = tuple(hf_shape)
+        self.parts = parts
+
+
+def _path_name(path: tuple) -> str:
+    return ".".join(str(p) for p in path)
+
+
+class CausalLMBase(nnx.Module):
+    """Mixin for the families: subclasses set ``dtype``, ``mesh`` and build their tree."""
+
+    # HF names that are buffers, not weights (matched as suffixes of the canonical name).
+    _ignored_suffixes: tuple[str, ...] = ("rotary_emb.inv_freq",)
+    # True when lm_head shares the token embedding (then no lm_head.weight is expected).
+    tie_word_embeddings: bool = False
+
+    # ----- names -------------------------------------------------------------------
+    def canonical_name(self, name: str) -> str:
+        """Map legacy spellings of a checkpoint name onto the one this model uses."""
+        return name
+
+    def _extra_targets(self) -> dict[str, WeightTarget]:
+        """Checkpoint tensors that do not map 1:1 onto a Param by path."""
+        return {}
+
+    def _skip_by_path(self, name: str) -> bool:
+        """Params filled by an extra target rather than by their own path name."""
+        return False
+
+    def _weight_targets(self) -> dict[str, WeightTarget]:
+        targets: dict[str, WeightTarget] = {}
+        for path, node in nnx.iter_graph(self):
+            if isinstance(node, nnx.Param):
+                name = _path_name(path)
+                if self._skip_by_path(name):
+                    continue
+                targets[name] = WeightTarget(hf_shape(node), [(node, _layout_fn(node))])
+        targets.update(self._extra_targets())
+        return targets
+
+    def expected_weight_names(self) -> set[str]:
+        """HF names a checkpoint must hold (no lm_head.weight when the embedding is tied)."""
+        return set(self._weight_targets())
+
+    def _is_ignored(self, name: str) -> bool:
+        if self.tie_word_embeddings and name == "lm_head.weight":
+            return True  # some tied checkpoints still carry a copy
+        return any(name.endswith(s) for s in self._ignored_suffixes)
+
+    # ----- loading -----------------------------------------------------------------
+    def load_weights(
+        self, weights: Iterable[tuple[str, np.ndarray]], *, source: str = DEFAULT_SOURCE
+    ) -> set[str]:
+        """Fill Params from (HF name, array) pairs, one tensor at a time, straight onto their
+        sharding. Returns the (canonical) HF names consumed, knowingly skipped buffers included."""
+        targets = self._weight_targets()
+        loaded: set[str] = set()
+        for raw_name, array in weights:
+            name = self.canonical_name(raw_name)
+            target = targets.get(name)
+            if target is None:
+                if self._is_ignored(name):
+                    loaded.add(name)
+                    continue
+                raise UnexpectedWeightError(source, raw_name)
+            shape = tuple(np.shape(array))
+            if shape != target.hf_shape:
+                raise WeightShapeError(source, raw_name, target.hf_shape, shape)
+            host = np.asarray(array)
+            for param, fn in target.parts:
+                place(param, fn(host), self.dtype, self.mesh)
+            loaded.add(name)
+        logger.debug("loaded %d tensors from %s", len(loaded), source)
+        return loaded
+
+    # ----- sharding ----------------------------------------------------------------
+    def partition_specs(self) -> dict[str, PartitionSpec]:
+        """nnx path name -> PartitionSpec of every Param."""
+        return {
+            _path_name(path): get_param_partition_spec(node)
+            for path, node in nnx.iter_graph(self)
+            if isinstance(node, nnx.Param)
+        }
+
+
+def _layout_fn(param: nnx.Variable) -> Callable[[np.ndarray], np.ndarray]:
+    return lambda a: to_param_layout(param, a)
+
+
+def init_common(module: CausalLMBase, *, dtype: jnp.dtype, mesh: Mesh | None, attn_backend) -> None:
+    """Static attributes every family keeps (hashable, so the graphdef can key a jit cache)."""
+    module.dtype = jnp.dtype(dtype)
+    module.mesh = mesh
+    module.attn_backend = attn_backend
+
+
+def check_cache_layout(kv_caches: list[jax.Array], num_layers: int) -> None:
+    if len(kv_caches) != num_layers:
+        raise ValueError(f"expected {num_layers} kv caches (one per layer), got {len(kv_caches)}")

@@ -1,0 +1,184 @@
+"""GPT-2: Conv1D weights already [in, out], fused c_attn, learned positions, gelu_new, ln_f.
+
+The fused c_attn tensor is split into q/k/v Params at load time so each one can carry a
+column-parallel spec of its own (a column split of the fused [q|k|v] would mix q, k and v).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import Mesh
+
+from jaxlm.attention.metadata import AttentionMetadata
+from jaxlm.models.base import CausalLMBase, WeightTarget, check_cache_layout, init_common
+from jaxlm.models.layers import COLUMN, ROW, Embedding, LayerNorm, Linear, LMHead, get_act_fn
+from jaxlm.models.utils import HF_AS_IS
+
+
+@dataclasses.dataclass(frozen=True)
+class GPT2Args:
+    vocab_size: int
+    hidden_size: int
+    inner_size: int
+    num_layers: int
+    num_heads: int
+    max_positions: int
+    eps: float
+    act: str
+    scale_attn_weights: bool
+    scale_by_inverse_layer_idx: bool
+    tie_word_embeddings: bool
+
+    @classmethod
+    def from_hf_config(cls, c: Any) -> "GPT2Args":
+        return cls(
+            vocab_size=c.vocab_size,
+            hidden_size=c.n_embd,
+            inner_size=getattr(c, "n_inner", None) or 4 * c.n_embd,
+            num_layers=c.n_layer,
+            num_heads=c.n_head,
+            max_positions=c.n_positions,
+            eps=float(c.layer_norm_epsilon),
+            act=getattr(c, "activation_function", "gelu_new"),
+            scale_attn_weights=bool(getattr(c, "scale_attn_weights", True)),
+            scale_by_inverse_layer_idx=bool(getattr(c, "scale_attn_by_inverse_layer_idx", False)),
+            tie_word_embeddings=bool(getattr(c, "tie_word_embeddings", True)),
+        )
+
+
+def _conv1d(n_in: int, n_out: int, parallel: str, dtype, rngs) -> Linear:
+    # HF Conv1D stores [in, out] already: no transpose at load.
+    return Linear(n_in, n_out, bias=True, parallel=parallel, dtype=dtype, rngs=rngs, hf_layout=HF_AS_IS)
+
+
+class GPT2Attention(nnx.Module):
+    def __init__(self, args: GPT2Args, layer_idx: int, *, dtype, attn_backend, rngs: nnx.Rngs):
+        h = args.hidden_size
+        self.num_heads = args.num_heads
+        self.head_dim = h // args.num_heads
+        scale = self.head_dim**-0.5 if args.scale_attn_weights else 1.0
+        if args.scale_by_inverse_layer_idx:
+            scale /= layer_idx + 1
+        self.scale = scale
+        self.attn_backend = attn_backend
+        # Filled from the fused checkpoint tensor c_attn (see GPT2LMHeadModel._extra_targets).
+        self.q_proj = _conv1d(h, h, COLUMN, dtype, rngs)
+        self.k_proj = _conv1d(h, h, COLUMN, dtype, rngs)
+        self.v_proj = _conv1d(h, h, COLUMN, dtype, rngs)
+        self.c_proj = _conv1d(h, h, ROW, dtype, rngs)
+
+    def __call__(self, x, kv_cache, md):
+        T = x.shape[0]
+        shape = (T, self.num_heads, self.head_dim)
+        q, k, v = self.q_proj(x).reshape(shape), self.k_proj(x).reshape(shape), self.v_proj(x).reshape(shape)
+        out, kv_cache = self.attn_backend(q, k, v, kv_cache, md, scale=self.scale)
+        return self.c_proj(out.reshape(T, -1)), kv_cache
+
+
+class GPT2MLP(nnx.Module):
+    def __init__(self, args: GPT2Args, *, dtype, rngs: nnx.Rngs):
+        self.act = args.act
+        get_act_fn(self.act)
+        self.c_fc = _conv1d(args.hidden_size, args.inner_size, COLUMN, dtype, rngs)
+        self.c_proj = _conv1d(args.inner_size, args.hidden_size, ROW, dtype, rngs)
+
+    def __call__(self, x):
+        return self.c_proj(get_act_fn(self.act)(self.c_fc(x)))
+
+
+class GPT2Block(nnx.Module):
+    def __init__(self, args: GPT2Args, layer_idx: int, *, dtype, attn_backend, rngs: nnx.Rngs):
+        self.ln_1 = LayerNorm(args.hidden_size, eps=args.eps, dtype=dtype, rngs=rngs)
+        self.attn = GPT2Attention(args, layer_idx, dtype=dtype, attn_backend=attn_backend, rngs=rngs)
+        self.ln_2 = LayerNorm(args.hidden_size, eps=args.eps, dtype=dtype, rngs=rngs)
+        self.mlp = GPT2MLP(args, dtype=dtype, rngs=rngs)
+
+    def __call__(self, x, kv_cache, md):
+        h, kv_cache = self.attn(self.ln_1(x), kv_cache, md)
+        x = x + h
+        return x + self.mlp(self.ln_2(x)), kv_cache
+
+
+class GPT2Model(nnx.Module):
+    def __init__(self, args: GPT2Args, *, dtype, attn_backend, rngs: nnx.Rngs):
+        self.wte = Embedding(args.vocab_size, args.hidden_size, dtype=dtype, rngs=rngs)
+        self.wpe = Embedding(args.max_positions, args.hidden_size, dtype=dtype, rngs=rngs, shard_vocab=False)
+        self.h = nnx.List(
+            [GPT2Block(args, i, dtype=dtype, attn_backend=attn_backend, rngs=rngs) for i in range(args.num_layers)]
+        )
+        self.ln_f = LayerNorm(args.hidden_size, eps=args.eps, dtype=dtype, rngs=rngs)
+
+    def __call__(self, input_ids, positions, kv_caches, md):
+        x = self.wte(input_ids) + self.wpe(positions)
+        new_caches = []
+        for block, cache in zip(self.h, kv_caches):
+            x, cache = block(x, cache, md)
+            new_caches.append(cache)
+        return self.ln_f(x), new_caches
+
+
+class GPT2LMHeadModel(CausalLMBase):
+    _ignored_suffixes = (".attn.bias", ".attn.masked_bias")
+
+    def __init__(self, config: Any, *, dtype: jnp.dtype, attn_backend, rngs: nnx.Rngs, mesh: Mesh | None = None):
+        init_common(self, dtype=dtype, mesh=mesh, attn_backend=attn_backend)
+        self.args = GPT2Args.from_hf_config(config)
+        self.tie_word_embeddings = self.args.tie_word_embeddings
+        self.transformer = GPT2Model(self.args, dtype=self.dtype, attn_backend=attn_backend, rngs=rngs)
+        self.lm_head = (
+            None
+            if self.tie_word_embeddings
+            else LMHead(self.args.hidden_size, self.args.vocab_size, dtype=self.dtype, rngs=rngs)
+        )
+
+    def canonical_name(self, name: str) -> str:
+        # openai-community/gpt2 stores names without the "transformer." prefix.
+        if name.startswith(("transformer.", "lm_head.")):
+            return name
+        return "transformer." + name
+
+    def _skip_by_path(self, name: str) -> bool:
+        return any(f".attn.{p}_proj." in name for p in "qkv")
+
+    def _extra_targets(self) -> dict[str, WeightTarget]:
+        n = self.args.hidden_size
+        targets = {}
+        for i, block in enumerate(self.transformer.h):
+            a = block.attn
+            parts = [(a.q_proj, 0), (a.k_proj, 1), (a.v_proj, 2)]
+            targets[f"transformer.h.{i}.attn.c_attn.weight"] = WeightTarget(
+                (n, 3 * n), [(lin.weight, _cols(j, n)) for lin, j in parts]
+            )
+            targets[f"transformer.h.{i}.attn.c_attn.bias"] = WeightTarget(
+                (3 * n,), [(lin.bias, _cols(j, n)) for lin, j in parts]
+            )
+        return targets
+
+    def __call__(
+        self,
+        input_ids: jax.Array,
+        positions: jax.Array,
+        kv_caches: list[jax.Array],
+        attn_metadata: AttentionMetadata,
+    ) -> tuple[jax.Array, list[jax.Array]]:
+        check_cache_layout(kv_caches, self.args.num_layers)
+        return self.transformer(input_ids, positions, kv_caches, attn_metadata)
+
+    def compute_logits(self, hidden_states: jax.Array) -> jax.Array:
+        if self.lm_head is None:
+            return self.transformer.wte.attend(hidden_states)
+        return self.lm_head(hidden_states)
+
+    @staticmethod
+    def get_kv_cache_spec(config: Any) -> tuple[int, int, int]:
+        return config.n_layer, config.n_head, config.n_embd // config.n_head
+
+
+def _cols(j: int, n: int):
+    """Slice j of a fused [.., 3n] tensor along its last axis."""
+    return lambda a: a[..., j * n : (j + 1) * n]

@@ -1,0 +1,141 @@
+"""Building blocks shared by the model families: linears stored [in, out], embeddings, norms.
+
+Weights are stored in the layout the step multiplies with ([in, out]), so the jitted step
+never transposes a weight; the HF [out, in] layout is converted once at load time.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxlm.models.utils import HF_AS_IS, HF_TRANSPOSE, MODEL_AXIS, make_param
+
+# Column-parallel splits the output features over "model", row-parallel the input features.
+COLUMN = "column"
+ROW = "row"
+REPLICATED = "replicated"
+
+
+class Linear(nnx.Module):
+    """y = x @ W (+ b), W [in, out]. ``hf_layout`` says how the checkpoint stores W."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        bias: bool,
+        parallel: str,
+        dtype: jnp.dtype,
+        rngs: nnx.Rngs,
+        hf_layout: str = HF_TRANSPOSE,
+    ):
+        if parallel == COLUMN:
+            w_spec, b_spec = (None, MODEL_AXIS), (MODEL_AXIS,)
+        elif parallel == ROW:
+            w_spec, b_spec = (MODEL_AXIS, None), (None,)
+        else:
+            w_spec, b_spec = (None, None), (None,)
+        self.weight = make_param(rngs, (in_features, out_features), dtype, w_spec, hf_layout=hf_layout)
+        self.bias = (
+            make_param(rngs, (out_features,), dtype, b_spec, init="zeros") if bias else None
+        )
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        y = x @ self.weight[...]
+        if self.bias is not None:
+            y = y + self.bias[...]
+        return y
+
+
+class Embedding(nnx.Module):
+    """Token (or position) embedding [num, dim], split over the vocab on "model"."""
+
+    def __init__(self, num: int, dim: int, *, dtype: jnp.dtype, rngs: nnx.Rngs, shard_vocab: bool = True):
+        spec = (MODEL_AXIS, None) if shard_vocab else (None, None)
+        self.weight = make_param(rngs, (num, dim), dtype, spec, hf_layout=HF_AS_IS)
+
+    def __call__(self, ids: jax.Array) -> jax.Array:
+        return jnp.take(self.weight[...], ids, axis=0)
+
+    def attend(self, x: jax.Array) -> jax.Array:
+        """Tied LM head: x [N, dim] -> [N, num] float32, contracting W's dim 1 (no transpose copy)."""
+        return jax.lax.dot_general(
+            x,
+            self.weight[...],
+            (((1,), (1,)), ((), ())),
+            preferred_element_type=jnp.float32,
+        )
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, dim: int, *, eps: float, dtype: jnp.dtype, rngs: nnx.Rngs):
+        self.eps = float(eps)
+        self.weight = make_param(rngs, (dim,), dtype, (None,), init="ones")
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        # Statistics in float32 as HF does, whatever the model dtype.
+        xf = x.astype(jnp.float32)
+        xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+        return self.weight[...] * xf.astype(x.dtype)
+
+
+class LayerNorm(nnx.Module):
+    def __init__(
+        self, dim: int, *, eps: float, dtype: jnp.dtype, rngs: nnx.Rngs, affine: bool = True, bias: bool = True
+    ):
+        self.eps = float(eps)
+        self.weight = make_param(rngs, (dim,), dtype, (None,), init="ones") if affine else None
+        self.bias = make_param(rngs, (dim,), dtype, (None,), init="zeros") if affine and bias else None
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        xf = x.astype(jnp.float32)
+        mean = jnp.mean(xf, axis=-1, keepdims=True)
+        var = jnp.mean(jnp.square(xf - mean), axis=-1, keepdims=True)
+        y = ((xf - mean) * jax.lax.rsqrt(var + self.eps)).astype(x.dtype)
+        if self.weight is not None:
+            y = y * self.weight[...]
+        if self.bias is not None:
+            y = y + self.bias[...]
+        return y
+
+
+class LMHead(nnx.Module):
+    """Untied LM head stored [hidden, vocab] (HF stores [vocab, hidden]), vocab split on "model"."""
+
+    def __init__(self, hidden: int, vocab: int, *, dtype: jnp.dtype, rngs: nnx.Rngs):
+        self.weight = make_param(rngs, (hidden, vocab), dtype, (None, MODEL_AXIS), hf_layout=HF_TRANSPOSE)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return jnp.matmul(x, self.weight[...], preferred_element_type=jnp.float32)
+
+
+def _gelu_tanh(x: jax.Array) -> jax.Array:
+    return jax.nn.gelu(x, approximate=True)
+
+
+def _gelu_exact(x: jax.Array) -> jax.Array:
+    return jax.nn.gelu(x, approximate=False)
+
+
+# HF hidden_act / activation_function names.
+_ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    "silu": jax.nn.silu,
+    "swish": jax.nn.silu,
+    "relu": jax.nn.relu,
+    "gelu": _gelu_exact,
+    "gelu_new": _gelu_tanh,
+    "gelu_pytorch_tanh": _gelu_tanh,
+    "gelu_fast": _gelu_tanh,
+}
+
+
+def get_act_fn(name: str) -> Callable[[jax.Array], jax.Array]:
+    try:
+        return _ACTIVATIONS[name]
+    except KeyError:
+        raise ValueError(f"Unsupported activation {name!r}; supported: {', '.join(sorted(_ACTIVATIONS))}") from None

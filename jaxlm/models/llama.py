@@ -1,0 +1,218 @@
+"""Llama and the families built the same way: Mistral, Qwen2, Qwen3 (one implementation, flags).
+
+- Llama 2/3/3.1 (``rope_scaling`` llama3), SmolLM2, TinyLlama: optional attention/mlp biases.
+- Mistral: sliding-window attention.
+- Qwen2: q/k/v biases (o_proj none), optional sliding window on the upper layers.
+- Qwen3: per-head RMSNorm on q and k before rope, explicit head_dim.
+GQA/MQA through num_key_value_heads; any head_dim; tied or untied embeddings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import Mesh
+
+from jaxlm.attention.metadata import AttentionMetadata
+from jaxlm.models.base import CausalLMBase, check_cache_layout, init_common
+from jaxlm.models.layers import COLUMN, ROW, Embedding, Linear, LMHead, RMSNorm, get_act_fn
+from jaxlm.models.rotary import RotaryEmbedding
+
+
+@dataclasses.dataclass(frozen=True)
+class LlamaArgs:
+    """The numbers of an HF config the model needs (hashable; the HF config object is not)."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    hidden_act: str
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    qk_norm: bool
+    tie_word_embeddings: bool
+    # Per layer: window size or None (full attention).
+    sliding_windows: tuple[int | None, ...]
+
+    @classmethod
+    def from_hf_config(cls, config: Any, *, force_qkv_bias: bool = False, qk_norm: bool = False) -> "LlamaArgs":
+        hidden = config.hidden_size
+        heads = config.num_attention_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        head_dim = getattr(config, "head_dim", None) or hidden // heads
+        n_layers = config.num_hidden_layers
+        attention_bias = bool(getattr(config, "attention_bias", False))
+        window = getattr(config, "sliding_window", None)
+        layer_types = getattr(config, "layer_types", None)
+        if window is None:
+            windows = (None,) * n_layers
+        elif layer_types is not None:
+            windows = tuple(window if t == "sliding_attention" else None for t in layer_types)
+        else:
+            windows = (window,) * n_layers  # Mistral: every layer
+        return cls(
+            vocab_size=config.vocab_size,
+            hidden_size=hidden,
+            intermediate_size=config.intermediate_size,
+            num_layers=n_layers,
+            num_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            rms_norm_eps=float(config.rms_norm_eps),
+            hidden_act=getattr(config, "hidden_act", "silu"),
+            qkv_bias=force_qkv_bias or attention_bias,
+            o_bias=attention_bias,
+            mlp_bias=bool(getattr(config, "mlp_bias", False)),
+            qk_norm=qk_norm,
+            tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+            sliding_windows=windows,
+        )
+
+
+class LlamaAttention(nnx.Module):
+    def __init__(self, args: LlamaArgs, layer_idx: int, rope: RotaryEmbedding, *, dtype, attn_backend, rngs: nnx.Rngs):
+        h, d = args.hidden_size, args.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = args.num_heads, args.num_kv_heads, d
+        self.scale = d**-0.5
+        self.sliding_window = args.sliding_windows[layer_idx]
+        self.rotary_emb = rope
+        self.attn_backend = attn_backend
+        self.q_proj = Linear(h, args.num_heads * d, bias=args.qkv_bias, parallel=COLUMN, dtype=dtype, rngs=rngs)
+        self.k_proj = Linear(h, args.num_kv_heads * d, bias=args.qkv_bias, parallel=COLUMN, dtype=dtype, rngs=rngs)
+        self.v_proj = Linear(h, args.num_kv_heads * d, bias=args.qkv_bias, parallel=COLUMN, dtype=dtype, rngs=rngs)
+        self.o_proj = Linear(args.num_heads * d, h, bias=args.o_bias, parallel=ROW, dtype=dtype, rngs=rngs)
+        if args.qk_norm:
+            self.q_norm = RMSNorm(d, eps=args.rms_norm_eps, dtype=dtype, rngs=rngs)
+            self.k_norm = RMSNorm(d, eps=args.rms_norm_eps, dtype=dtype, rngs=rngs)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def __call__(self, positions, x, kv_cache, md: AttentionMetadata):
+        T = x.shape[0]
+        q = self.q_proj(x).reshape(T, self.num_heads, self.head_dim)
+        k = self.k_proj(x).reshape(T, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).reshape(T, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary_emb(positions, q, k)
+        out, kv_cache = self.attn_backend(q, k, v, kv_cache, md, scale=self.scale, sliding_window=self.sliding_window)
+        return self.o_proj(out.reshape(T, self.num_heads * self.head_dim)), kv_cache
+
+
+class LlamaMLP(nnx.Module):
+    def __init__(self, args: LlamaArgs, *, dtype, rngs: nnx.Rngs):
+        h, i, b = args.hidden_size, args.intermediate_size, args.mlp_bias
+        self.act = args.hidden_act
+        get_act_fn(self.act)  # fail at construction, not at the first step
+        self.gate_proj = Linear(h, i, bias=b, parallel=COLUMN, dtype=dtype, rngs=rngs)
+        self.up_proj = Linear(h, i, bias=b, parallel=COLUMN, dtype=dtype, rngs=rngs)
+        self.down_proj = Linear(i, h, bias=b, parallel=ROW, dtype=dtype, rngs=rngs)
+
+    def __call__(self, x):
+        return self.down_proj(get_act_fn(self.act)(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaDecoderLayer(nnx.Module):
+    def __init__(self, args: LlamaArgs, layer_idx: int, rope, *, dtype, attn_backend, rngs: nnx.Rngs):
+        self.self_attn = LlamaAttention(args, layer_idx, rope, dtype=dtype, attn_backend=attn_backend, rngs=rngs)
+        self.mlp = LlamaMLP(args, dtype=dtype, rngs=rngs)
+        self.input_layernorm = RMSNorm(args.hidden_size, eps=args.rms_norm_eps, dtype=dtype, rngs=rngs)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size, eps=args.rms_norm_eps, dtype=dtype, rngs=rngs)
+
+    def __call__(self, positions, x, kv_cache, md):
+        h, kv_cache = self.self_attn(positions, self.input_layernorm(x), kv_cache, md)
+        x = x + h
+        x = x + self.mlp(self.post_attention_layernorm(x))
+        return x, kv_cache
+
+
+class LlamaModel(nnx.Module):
+    def __init__(self, args: LlamaArgs, rope, *, dtype, attn_backend, rngs: nnx.Rngs):
+        self.embed_tokens = Embedding(args.vocab_size, args.hidden_size, dtype=dtype, rngs=rngs)
+        # A Python list of layers, unrolled at trace time: one weight array per layer, no
+        # per-step copies (lax.scan over stacked weights measured slower on CPU).
+        self.layers = nnx.List(
+            [
+                LlamaDecoderLayer(args, i, rope, dtype=dtype, attn_backend=attn_backend, rngs=rngs)
+                for i in range(args.num_layers)
+            ]
+        )
+        self.norm = RMSNorm(args.hidden_size, eps=args.rms_norm_eps, dtype=dtype, rngs=rngs)
+
+    def __call__(self, input_ids, positions, kv_caches, md):
+        x = self.embed_tokens(input_ids)
+        new_caches = []
+        for layer, cache in zip(self.layers, kv_caches):
+            x, cache = layer(positions, x, cache, md)
+            new_caches.append(cache)
+        return self.norm(x), new_caches
+
+
+class LlamaForCausalLM(CausalLMBase):
+    # Family flags, overridden by the subclasses below.
+    _force_qkv_bias = False
+    _qk_norm = False
+
+    def __init__(
+        self,
+        config: Any,
+        *,
+        dtype: jnp.dtype,
+        attn_backend,
+        rngs: nnx.Rngs,
+        mesh: Mesh | None = None,
+    ):
+        init_common(self, dtype=dtype, mesh=mesh, attn_backend=attn_backend)
+        self.args = LlamaArgs.from_hf_config(config, force_qkv_bias=self._force_qkv_bias, qk_norm=self._qk_norm)
+        self.tie_word_embeddings = self.args.tie_word_embeddings
+        rope = RotaryEmbedding.from_config(config, self.args.head_dim)
+        self.model = LlamaModel(self.args, rope, dtype=self.dtype, attn_backend=attn_backend, rngs=rngs)
+        self.lm_head = (
+            None
+            if self.tie_word_embeddings
+            else LMHead(self.args.hidden_size, self.args.vocab_size, dtype=self.dtype, rngs=rngs)
+        )
+
+    def __call__(
+        self,
+        input_ids: jax.Array,
+        positions: jax.Array,
+        kv_caches: list[jax.Array],
+        attn_metadata: AttentionMetadata,
+    ) -> tuple[jax.Array, list[jax.Array]]:
+        check_cache_layout(kv_caches, self.args.num_layers)
+        return self.model(input_ids, positions, kv_caches, attn_metadata)
+
+    def compute_logits(self, hidden_states: jax.Array) -> jax.Array:
+        if self.lm_head is None:
+            return self.model.embed_tokens.attend(hidden_states)
+        return self.lm_head(hidden_states)
+
+    @staticmethod
+    def get_kv_cache_spec(config: Any) -> tuple[int, int, int]:
+        heads = config.num_attention_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        return config.num_hidden_layers, kv_heads, head_dim
+
+
+class MistralForCausalLM(LlamaForCausalLM):
+    pass
+
+
+class Qwen2ForCausalLM(LlamaForCausalLM):
+    _force_qkv_bias = True
+
+
+class Qwen3ForCausalLM(LlamaForCausalLM):
+    _qk_norm = True

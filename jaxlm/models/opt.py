@@ -1,0 +1,178 @@
+"""OPT (facebook/opt-*): learned positions with offset 2, pre- or post-LN, ReLU, biases,
+project_in/project_out when word_embed_proj_dim != hidden_size, tied LM head."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import Mesh
+
+from jaxlm.attention.metadata import AttentionMetadata
+from jaxlm.models.base import CausalLMBase, check_cache_layout, init_common
+from jaxlm.models.layers import COLUMN, REPLICATED, ROW, Embedding, LayerNorm, Linear, LMHead, get_act_fn
+
+# OPT's learned position table starts at index 2 (fairseq's padding offset).
+_POSITION_OFFSET = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class OPTArgs:
+    vocab_size: int
+    hidden_size: int
+    ffn_dim: int
+    num_layers: int
+    num_heads: int
+    max_positions: int
+    word_embed_proj_dim: int
+    do_layer_norm_before: bool
+    has_final_layer_norm: bool
+    ln_affine: bool
+    bias: bool
+    act: str
+    tie_word_embeddings: bool
+
+    @classmethod
+    def from_hf_config(cls, c: Any) -> "OPTArgs":
+        pre_ln = bool(getattr(c, "do_layer_norm_before", True))
+        return cls(
+            vocab_size=c.vocab_size,
+            hidden_size=c.hidden_size,
+            ffn_dim=c.ffn_dim,
+            num_layers=c.num_hidden_layers,
+            num_heads=c.num_attention_heads,
+            max_positions=c.max_position_embeddings,
+            word_embed_proj_dim=getattr(c, "word_embed_proj_dim", None) or c.hidden_size,
+            do_layer_norm_before=pre_ln,
+            has_final_layer_norm=pre_ln and not getattr(c, "_remove_final_layer_norm", False),
+            ln_affine=bool(getattr(c, "layer_norm_elementwise_affine", True)),
+            bias=bool(getattr(c, "enable_bias", True)),
+            act=getattr(c, "activation_function", "relu"),
+            tie_word_embeddings=bool(getattr(c, "tie_word_embeddings", True)),
+        )
+
+
+def _ln(args: OPTArgs, dtype, rngs) -> LayerNorm:
+    return LayerNorm(args.hidden_size, eps=1e-5, dtype=dtype, rngs=rngs, affine=args.ln_affine)
+
+
+class OPTAttention(nnx.Module):
+    def __init__(self, args: OPTArgs, *, dtype, attn_backend, rngs: nnx.Rngs):
+        h, b = args.hidden_size, args.bias
+        self.num_heads = args.num_heads
+        self.head_dim = h // args.num_heads
+        self.scale = self.head_dim**-0.5
+        self.attn_backend = attn_backend
+        self.q_proj = Linear(h, h, bias=b, parallel=COLUMN, dtype=dtype, rngs=rngs)
+        self.k_proj = Linear(h, h, bias=b, parallel=COLUMN, dtype=dtype, rngs=rngs)
+        self.v_proj = Linear(h, h, bias=b, parallel=COLUMN, dtype=dtype, rngs=rngs)
+        self.out_proj = Linear(h, h, bias=b, parallel=ROW, dtype=dtype, rngs=rngs)
+
+    def __call__(self, x, kv_cache, md):
+        T = x.shape[0]
+        shape = (T, self.num_heads, self.head_dim)
+        q, k, v = self.q_proj(x).reshape(shape), self.k_proj(x).reshape(shape), self.v_proj(x).reshape(shape)
+        out, kv_cache = self.attn_backend(q, k, v, kv_cache, md, scale=self.scale)
+        return self.out_proj(out.reshape(T, -1)), kv_cache
+
+
+class OPTDecoderLayer(nnx.Module):
+    def __init__(self, args: OPTArgs, *, dtype, attn_backend, rngs: nnx.Rngs):
+        self.pre_ln = args.do_layer_norm_before
+        self.act = args.act
+        get_act_fn(self.act)
+        self.self_attn = OPTAttention(args, dtype=dtype, attn_backend=attn_backend, rngs=rngs)
+        self.self_attn_layer_norm = _ln(args, dtype, rngs)
+        self.fc1 = Linear(args.hidden_size, args.ffn_dim, bias=args.bias, parallel=COLUMN, dtype=dtype, rngs=rngs)
+        self.fc2 = Linear(args.ffn_dim, args.hidden_size, bias=args.bias, parallel=ROW, dtype=dtype, rngs=rngs)
+        self.final_layer_norm = _ln(args, dtype, rngs)
+
+    def __call__(self, x, kv_cache, md):
+        h = self.self_attn_layer_norm(x) if self.pre_ln else x
+        h, kv_cache = self.self_attn(h, kv_cache, md)
+        x = x + h
+        if not self.pre_ln:
+            x = self.self_attn_layer_norm(x)
+        h = self.final_layer_norm(x) if self.pre_ln else x
+        x = x + self.fc2(get_act_fn(self.act)(self.fc1(h)))
+        if not self.pre_ln:
+            x = self.final_layer_norm(x)
+        return x, kv_cache
+
+
+class OPTDecoder(nnx.Module):
+    def __init__(self, args: OPTArgs, *, dtype, attn_backend, rngs: nnx.Rngs):
+        h, p = args.hidden_size, args.word_embed_proj_dim
+        self.embed_tokens = Embedding(args.vocab_size, p, dtype=dtype, rngs=rngs)
+        self.embed_positions = Embedding(
+            args.max_positions + _POSITION_OFFSET, h, dtype=dtype, rngs=rngs, shard_vocab=False
+        )
+        self.project_in = (
+            Linear(p, h, bias=False, parallel=REPLICATED, dtype=dtype, rngs=rngs) if p != h else None
+        )
+        self.project_out = (
+            Linear(h, p, bias=False, parallel=REPLICATED, dtype=dtype, rngs=rngs) if p != h else None
+        )
+        self.final_layer_norm = _ln(args, dtype, rngs) if args.has_final_layer_norm else None
+        self.layers = nnx.List(
+            [OPTDecoderLayer(args, dtype=dtype, attn_backend=attn_backend, rngs=rngs) for _ in range(args.num_layers)]
+        )
+
+    def __call__(self, input_ids, positions, kv_caches, md):
+        x = self.embed_tokens(input_ids)
+        if self.project_in is not None:
+            x = self.project_in(x)
+        x = x + self.embed_positions(positions + _POSITION_OFFSET)
+        new_caches = []
+        for layer, cache in zip(self.layers, kv_caches):
+            x, cache = layer(x, cache, md)
+            new_caches.append(cache)
+        if self.final_layer_norm is not None:
+            x = self.final_layer_norm(x)
+        if self.project_out is not None:
+            x = self.project_out(x)
+        return x, new_caches
+
+
+class OPTModel(nnx.Module):
+    def __init__(self, args: OPTArgs, *, dtype, attn_backend, rngs: nnx.Rngs):
+        self.decoder = OPTDecoder(args, dtype=dtype, attn_backend=attn_backend, rngs=rngs)
+
+
+class OPTForCausalLM(CausalLMBase):
+    def __init__(self, config: Any, *, dtype: jnp.dtype, attn_backend, rngs: nnx.Rngs, mesh: Mesh | None = None):
+        init_common(self, dtype=dtype, mesh=mesh, attn_backend=attn_backend)
+        self.args = OPTArgs.from_hf_config(config)
+        self.tie_word_embeddings = self.args.tie_word_embeddings
+        self.model = OPTModel(self.args, dtype=self.dtype, attn_backend=attn_backend, rngs=rngs)
+        self.lm_head = (
+            None
+            if self.tie_word_embeddings
+            else LMHead(self.args.word_embed_proj_dim, self.args.vocab_size, dtype=self.dtype, rngs=rngs)
+        )
+
+    def canonical_name(self, name: str) -> str:
+        # facebook/opt-* checkpoints predate the "model." prefix.
+        return "model." + name if name.startswith("decoder.") else name
+
+    def __call__(
+        self,
+        input_ids: jax.Array,
+        positions: jax.Array,
+        kv_caches: list[jax.Array],
+        attn_metadata: AttentionMetadata,
+    ) -> tuple[jax.Array, list[jax.Array]]:
+        check_cache_layout(kv_caches, self.args.num_layers)
+        return self.model.decoder(input_ids, positions, kv_caches, attn_metadata)
+
+    def compute_logits(self, hidden_states: jax.Array) -> jax.Array:
+        if self.lm_head is None:
+            return self.model.decoder.embed_tokens.attend(hidden_states)
+        return self.lm_head(hidden_states)
+
+    @staticmethod
+    def get_kv_cache_spec(config: Any) -> tuple[int, int, int]:
+        return config.num_hidden_layers, config.num_attention_heads, config.hidden_size // config.num_attention_heads

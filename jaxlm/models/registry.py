@@ -1,0 +1,80 @@
+"""HF ``architectures[0]`` -> model class, imported lazily (vLLM's ``_MODELS`` / ``ModelRegistry``).
+
+Out-of-tree models register by qualified name so nothing is imported until it is used::
+
+    ModelRegistry.register_model("MyForCausalLM", "my_pkg.my_model:MyForCausalLM")
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+# architecture -> (module under jaxlm.models, class name)
+_MODELS: dict[str, tuple[str, str]] = {
+    "LlamaForCausalLM": ("llama", "LlamaForCausalLM"),
+    "MistralForCausalLM": ("llama", "MistralForCausalLM"),
+    "Qwen2ForCausalLM": ("llama", "Qwen2ForCausalLM"),
+    "Qwen3ForCausalLM": ("llama", "Qwen3ForCausalLM"),
+    "OPTForCausalLM": ("opt", "OPTForCausalLM"),
+    "GPT2LMHeadModel": ("gpt2", "GPT2LMHeadModel"),
+}
+
+
+def _import_qualified(qualname: str) -> type:
+    module, sep, attr = qualname.partition(":")
+    if not sep or not module or not attr:
+        raise ValueError(f"model class must be given as 'package.module:ClassName', got {qualname!r}")
+    obj: Any = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+class _ModelRegistry:
+    def __init__(self) -> None:
+        # architecture -> "pkg.module:Class" or an already imported class
+        self._models: dict[str, str | type] = {
+            arch: f"jaxlm.models.{mod}:{cls}" for arch, (mod, cls) in _MODELS.items()
+        }
+
+    def get_supported_archs(self) -> list[str]:
+        return sorted(self._models)
+
+    def is_supported(self, arch: str) -> bool:
+        return arch in self._models
+
+    def register_model(self, arch: str, model_cls: str | type) -> None:
+        """Register (or override) ``arch`` with a class or its ``"pkg.module:Class"`` name."""
+        if isinstance(model_cls, str) and ":" not in model_cls:
+            raise ValueError(f"model class must be given as 'package.module:ClassName', got {model_cls!r}")
+        if arch in self._models:
+            logger.warning("Model architecture %s is already registered; overriding it", arch)
+        self._models[arch] = model_cls
+
+    def resolve_model_cls(self, architectures: str | list[str]) -> tuple[type, str]:
+        """First supported architecture of the list -> (class, architecture)."""
+        archs = [architectures] if isinstance(architectures, str) else list(architectures or [])
+        for arch in archs:
+            entry = self._models.get(arch)
+            if entry is None:
+                continue
+            cls = _import_qualified(entry) if isinstance(entry, str) else entry
+            return cls, arch
+        raise ValueError(
+            f"Model architectures {archs} are not supported by jaxlm. "
+            f"Supported architectures: {', '.join(self.get_supported_archs())}"
+        )
+
+
+ModelRegistry = _ModelRegistry()
+
+
+def get_model_architecture(hf_config: Any) -> type:
+    """The model class for an HF config (its ``architectures`` field)."""
+    archs = getattr(hf_config, "architectures", None) or []
+    cls, _ = ModelRegistry.resolve_model_cls(archs)
+    return cls

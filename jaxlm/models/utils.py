@@ -1,0 +1,107 @@
+"""Params with sharding annotations, and placing checkpoint arrays onto them.
+
+Every Param carries its PartitionSpec (over mesh axes ``data``/``model``) as flax nnx's
+``out_sharding`` metadata from the moment it is created. ``eager_sharding=False`` keeps flax
+from applying it at construction (there may be no mesh yet, and construction usually runs
+under ``nnx.eval_shape``); the loader applies it when it places the real array.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+# Axis names of the mesh (vLLM: tensor parallel = "model").
+DATA_AXIS = "data"
+MODEL_AXIS = "model"
+
+# HF-layout transforms a Param may ask for when it is loaded (Param metadata ``hf_layout``).
+HF_AS_IS = "as_is"
+HF_TRANSPOSE = "transpose"  # torch nn.Linear [out, in] -> ours [in, out]
+
+
+def make_param(
+    rngs: nnx.Rngs,
+    shape: Sequence[int],
+    dtype: jnp.dtype,
+    sharding: Sequence[str | None],
+    *,
+    init: str = "normal",
+    hf_layout: str = HF_AS_IS,
+) -> nnx.Param:
+    """A Param of ``shape`` annotated with ``sharding`` (one mesh axis name or None per dim).
+
+    Random init (normal 0.02, ones, zeros) only matters for models used without a checkpoint;
+    under ``nnx.eval_shape`` nothing is allocated.
+    """
+    shape = tuple(int(s) for s in shape)
+    if len(sharding) != len(shape):
+        raise ValueError(f"sharding {sharding} does not match shape {shape}")
+    if init == "normal":
+        value = 0.02 * jax.random.normal(rngs.params(), shape, dtype)
+    elif init == "ones":
+        value = jnp.ones(shape, dtype)
+    elif init == "zeros":
+        value = jnp.zeros(shape, dtype)
+    else:
+        raise ValueError(f"unknown init {init!r}")
+    return nnx.Param(value, out_sharding=tuple(sharding), eager_sharding=False, hf_layout=hf_layout)
+
+
+def get_param_partition_spec(param: nnx.Variable) -> PartitionSpec:
+    """The PartitionSpec a Param is annotated with (replicated when it has none)."""
+    names = param.get_metadata().get("out_sharding")
+    if names is None:
+        return PartitionSpec()
+    if isinstance(names, PartitionSpec):
+        return names
+    return PartitionSpec(*names)
+
+
+def param_sharding(param: nnx.Variable, mesh: Mesh | None) -> jax.sharding.Sharding | None:
+    """NamedSharding on ``mesh`` (axes the mesh lacks become replicated); None = default device."""
+    if mesh is None:
+        return None
+    spec = get_param_partition_spec(param)
+    axes = set(mesh.axis_names)
+
+    def keep(entry):
+        if entry is None:
+            return None
+        if isinstance(entry, tuple):
+            kept = tuple(a for a in entry if a in axes)
+            return kept or None
+        return entry if entry in axes else None
+
+    return NamedSharding(mesh, PartitionSpec(*(keep(e) for e in spec)))
+
+
+def hf_shape(param: nnx.Variable) -> tuple[int, ...]:
+    """Shape the HF checkpoint stores this Param in."""
+    shape = tuple(param.get_value().shape)
+    if param.get_metadata().get("hf_layout") == HF_TRANSPOSE:
+        return shape[::-1]
+    return shape
+
+
+def to_param_layout(param: nnx.Variable, array: np.ndarray) -> np.ndarray:
+    """HF array -> the Param's own layout."""
+    if param.get_metadata().get("hf_layout") == HF_TRANSPOSE:
+        return np.ascontiguousarray(array.T)
+    return array
+
+
+def place(param: nnx.Variable, array: np.ndarray, dtype: jnp.dtype, mesh: Mesh | None) -> None:
+    """Convert one host array to ``dtype`` and put it straight onto the Param's sharding."""
+    host = np.asarray(array)
+    if host.dtype != np.dtype(dtype):
+        # ml_dtypes (bf16) casts through numpy; float32 is the CPU default.
+        host = host.astype(dtype)
+    sharding = param_sharding(param, mesh)
+    value = jax.device_put(host, sharding) if sharding is not None else jax.device_put(host)
+    param.set_value(value)

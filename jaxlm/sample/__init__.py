@@ -1,0 +1,8 @@
+"""On-device sampling: SamplingMetadata (+ its host builder) and the jit-compatible sampler."""
+
+from jaxlm.sample.builder import SamplingInputBuilder
+from jaxlm.sample.metadata import ALL_VARIANTS, SamplerOutput, SamplerVariant, SamplingMetadata
+from jaxlm.sample.sampler import compute_prompt_logprobs, sample, sample_jit
+
+__all__ = ["SamplingInputBuilder", "SamplingMetadata", "SamplerVariant", "SamplerOutput",
+           "ALL_VARIANTS", "sample", "sample_jit", "compute_prompt_logprobs"]

@@ -1,0 +1,108 @@
+"""SamplingMetadata (device arrays, one row per request, padded to a bucket) and its variants.
+
+The metadata is a registered pytree: its arrays are the traced leaves, and `variant` plus the
+static sizes are aux data, so `jax.jit(step)(..., md)` compiles one program per
+(row bucket, variant) and never per request. `SamplingInputBuilder` (builder.py) fills it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import NamedTuple
+
+import jax
+import numpy as np
+
+
+class SamplerVariant(NamedTuple):
+    """Which parts of the sampler a batch needs; static (one compiled program each).
+
+    random:     some row samples (temperature > 0); else every row is greedy (argmax only).
+    processors: some row has penalties, logit_bias, allowed_token_ids, bad_words or min_tokens.
+    logprobs:   some row asked for logprobs (top-`max_logprobs` of the raw distribution).
+    """
+
+    random: bool = False
+    processors: bool = False
+    logprobs: bool = False
+
+
+ALL_VARIANTS: tuple[SamplerVariant, ...] = tuple(
+    SamplerVariant(*flags) for flags in itertools.product((False, True), repeat=3))
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingMetadata:
+    # ---- always present, [R]
+    temperature: jax.Array  # float32; 1.0 on greedy and padding rows (never divides by 0)
+    greedy: jax.Array  # bool
+    top_k: jax.Array  # int32; 0 = off
+    top_p: jax.Array  # float32; 1.0 = off
+    min_p: jax.Array  # float32; 0.0 = off
+    rng: jax.Array  # [R, 3] uint32: seed low word, high word, domain (1 seeded, 0 engine seed)
+    step: jax.Array  # int32: output tokens so far (randomness = f(seed, step))
+    # ---- present when variant.processors, else None
+    presence_penalty: jax.Array | None = None  # [R] float32
+    frequency_penalty: jax.Array | None = None  # [R] float32
+    repetition_penalty: jax.Array | None = None  # [R] float32
+    pen_ids: jax.Array | None = None  # [R, L] int32: distinct prompt+output tokens, pad = V
+    pen_counts: jax.Array | None = None  # [R, L] int32: their counts in the output
+    bias_ids: jax.Array | None = None  # [R, Kb] int32, pad = V
+    bias_vals: jax.Array | None = None  # [R, Kb] float32 (-inf = banned)
+    allowed_ids: jax.Array | None = None  # [R, Ka] int32, pad = V
+    has_allowed: jax.Array | None = None  # [R] bool
+    # ---- static (pytree aux data)
+    variant: SamplerVariant = SamplerVariant()
+    max_logprobs: int = 20
+    num_candidates: int = 128  # top-k/top-p fast path width (see ops.top_k_top_p_threshold)
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.temperature.shape[0])
+
+
+_DATA_FIELDS = [f.name for f in dataclasses.fields(SamplingMetadata)
+                if f.name not in ("variant", "max_logprobs", "num_candidates")]
+jax.tree_util.register_dataclass(
+    SamplingMetadata, data_fields=_DATA_FIELDS,
+    meta_fields=["variant", "max_logprobs", "num_candidates"])
+
+
+@dataclasses.dataclass
+class SamplerOutput:
+    sampled_token_ids: jax.Array  # [R] int32
+    # Present when variant.logprobs: [R, 1 + max_logprobs], sampled token first, then top-k.
+    logprob_token_ids: jax.Array | None = None
+    logprobs: jax.Array | None = None
+    sampled_token_ranks: jax.Array | None = None  # [R] int32, 1 = most likely
+
+
+jax.tree_util.register_dataclass(
+    SamplerOutput,
+    data_fields=["sampled_token_ids", "logprob_token_ids", "logprobs", "sampled_token_ranks"],
+    meta_fields=[])
+
+
+@dataclasses.dataclass
+class HostArrays:
+    """Numpy twin of SamplingMetadata, filled by the builder and shipped with one device_put."""
+
+    fields: dict[str, np.ndarray]
+    variant: SamplerVariant
+    max_logprobs: int
+    num_candidates: int
+
+    def to_device(self, sharding=None) -> SamplingMetadata:
+        arrays = jax.device_put(self.fields, sharding) if sharding is not None else jax.device_put(self.fields)
+        return SamplingMetadata(**arrays, variant=self.variant, max_logprobs=self.max_logprobs,
+                                num_candidates=self.num_candidates)
+
+
+def __getattr__(name: str):
+    # The builder lives in builder.py (it imports this module); re-export it lazily here.
+    if name == "SamplingInputBuilder":
+        from jaxlm.sample.builder import SamplingInputBuilder
+
+        return SamplingInputBuilder
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,81 @@
+"""The sampler: logits [R, V] + SamplingMetadata -> token ids (+ raw logprobs), all on device.
+
+Order of operations follows vLLM's v1 Sampler:
+  raw logprobs (log_softmax of the model's logits, before anything else)
+  -> allowed_token_ids mask -> bad words / min_tokens bans + logit_bias -> penalties
+  -> greedy rows: argmax
+  -> random rows: temperature -> min_p -> top-k -> top-p -> draw with the row's own key.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxlm.sample import ops
+from jaxlm.sample.metadata import SamplerOutput, SamplerVariant, SamplingMetadata
+
+
+def apply_logits_processors(logits: jax.Array, md: SamplingMetadata) -> jax.Array:
+    """Everything that can change the argmax (vLLM's order); neutral rows are unchanged."""
+    logits = ops.apply_allowed(logits, md.allowed_ids, md.has_allowed)
+    logits = ops.apply_bias(logits, md.bias_ids, md.bias_vals)
+    return ops.apply_penalties(logits, md.pen_ids, md.pen_counts, md.presence_penalty,
+                               md.frequency_penalty, md.repetition_penalty)
+
+
+def _sample_random(logits: jax.Array, md: SamplingMetadata) -> jax.Array:
+    x = logits / md.temperature[:, None]
+    xmax = jnp.max(x, axis=-1)
+    # min_p: keep p >= min_p * p_max  <=>  x >= x_max + log(min_p) (log(0) = -inf: no-op).
+    x = jnp.where(x < (xmax + jnp.log(md.min_p))[:, None], -jnp.inf, x)
+    needs_filter = jnp.any((md.top_k > 0) | (md.top_p < 1.0))
+
+    def filtered(x):
+        t = ops.top_k_top_p_threshold(x, md.top_k, md.top_p, md.num_candidates)
+        return jnp.where(x < t[:, None], -jnp.inf, x)
+
+    x = jax.lax.cond(needs_filter, filtered, lambda x: x, x)
+    u = ops.row_uniforms(md.rng, md.step)
+    return ops.categorical_inverse_cdf(x, xmax, u)
+
+
+def sample(logits: jax.Array, md: SamplingMetadata,
+           variant: SamplerVariant | None = None) -> SamplerOutput:
+    """Sample one token per row. Call inside jax.jit; `variant` (static) defaults to md.variant.
+
+    Padding rows are greedy with neutral parameters; their tokens are meaningless.
+    """
+    if variant is not None and variant != md.variant:
+        raise ValueError(f"variant {variant} does not match the metadata's {md.variant}")
+    variant = md.variant
+    logits = logits.astype(jnp.float32)
+    raw_logprobs = jax.nn.log_softmax(logits, axis=-1) if variant.logprobs else None
+    if variant.processors:
+        logits = apply_logits_processors(logits, md)
+    greedy_ids = ops.fast_argmax(logits)
+    if variant.random:
+        random_ids = _sample_random(logits, md)
+        token_ids = jnp.where(md.greedy, greedy_ids, random_ids)
+    else:
+        token_ids = greedy_ids
+    out = SamplerOutput(sampled_token_ids=token_ids)
+    if variant.logprobs:
+        ids, lps, ranks = ops.gather_logprobs(raw_logprobs, token_ids, md.max_logprobs)
+        out = SamplerOutput(token_ids, ids, lps, ranks)
+    return out
+
+
+def compute_prompt_logprobs(logits: jax.Array, next_token_ids: jax.Array, k: int):
+    """Raw logprobs of prompt positions: logits [P, V] predict next_token_ids [P].
+
+    Returns (ids [P, 1+k], logprobs [P, 1+k], ranks [P]) with the actual next token first
+    (vLLM's prompt_logprobs layout). `k` must be static (e.g. max_logprobs); slice per request.
+    """
+    lp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    return ops.gather_logprobs(lp, next_token_ids.astype(jnp.int32), k)
+
+
+# One jitted entry point for callers that do not fuse the sampler into a bigger program.
+sample_jit = jax.jit(sample, static_argnames=("variant",))
+compute_prompt_logprobs_jit = jax.jit(compute_prompt_logprobs, static_argnames=("k",))

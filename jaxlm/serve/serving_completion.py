@@ -1,0 +1,205 @@
+"""/v1/completions: prompts as text, lists of text or token ids; streaming, echo, legacy logprobs."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+from jaxlm.outputs import Logprob, RequestOutput
+from jaxlm.serve.errors import OpenAIError
+from jaxlm.serve.protocol import (
+    CompletionLogProbs,
+    CompletionRequest,
+    CompletionResponse,
+    CompletionResponseChoice,
+    CompletionStreamResponse,
+    UsageInfo,
+    random_uuid,
+)
+from jaxlm.serve.serving_engine import (
+    ChoiceState,
+    OpenAIServing,
+    clamp_logprob,
+    merge_async_iterators,
+    sse,
+    sse_error,
+)
+
+
+class OpenAIServingCompletion(OpenAIServing):
+    def _prompts(self, request: CompletionRequest) -> list[tuple[str | None, list[int]]]:
+        """(text or None, token ids) per prompt."""
+        prompt = request.prompt
+        if isinstance(prompt, str):
+            items: list = [prompt]
+        elif prompt and all(isinstance(x, int) for x in prompt):
+            items = [list(prompt)]
+        else:
+            items = list(prompt)
+        if not items:
+            raise OpenAIError("prompt must not be empty", 400, "prompt")
+        result = []
+        for item in items:
+            ids = self.encode(item, add_special_tokens=True) if isinstance(item, str) else list(item)
+            self.check_token_ids(ids)
+            result.append((item if isinstance(item, str) else None, ids))
+        return result
+
+    async def create_completion(
+        self, request: CompletionRequest
+    ) -> CompletionResponse | AsyncIterator[str]:
+        """The response, or (stream=True) an SSE iterator whose first output already arrived, so
+        that queue-full and invalid-prompt errors still get their HTTP status."""
+        self.check_engine()
+        model = self.check_model(request.model)
+        if request.suffix:
+            raise OpenAIError("suffix is not supported", 400, "suffix")
+        prompts = self._prompts(request)
+        request_id = f"cmpl-{request.request_id or random_uuid()}"
+        generators = []
+        for i, (_, ids) in enumerate(prompts):
+            max_tokens = self.resolve_max_tokens(len(ids), request.max_tokens)
+            params = self.build_params(request.to_sampling_params, max_tokens)
+            generators.append(self.generate(ids, params, f"{request_id}-{i}"))
+        merged = merge_async_iterators(*generators)
+        try:
+            first = await anext(merged)
+        except StopAsyncIteration:
+            raise OpenAIError("the engine returned no output", 500) from None
+        except BaseException:
+            await merged.aclose()
+            raise
+        if request.stream:
+            return self._stream(request, model, request_id, prompts, first, merged)
+        return await self._full(request, model, request_id, prompts, first, merged)
+
+    # ------------------------------------------------------------ non-streaming
+    async def _full(self, request, model, request_id, prompts, first, merged) -> CompletionResponse:
+        states: dict[tuple[int, int], ChoiceState] = {}
+        prompt_lps: dict[int, list] = {}
+
+        def take(p: int, out: RequestOutput) -> None:
+            if out.prompt_logprobs is not None and p not in prompt_lps:
+                prompt_lps[p] = out.prompt_logprobs
+            for o in out.outputs:
+                states.setdefault((p, o.index), ChoiceState()).add(o)
+
+        take(*first)
+        async for p, out in merged:
+            take(p, out)
+        choices = []
+        completion_tokens = 0
+        for p, (text, ids) in enumerate(prompts):
+            prompt_text = text if text is not None else self.tokenizer.decode(ids)
+            for i in range(request.n):
+                st = states.get((p, i), ChoiceState())
+                completion_tokens += len(st.token_ids)
+                logprobs = None
+                if request.logprobs is not None:
+                    logprobs = self._legacy_logprobs(request, ids, prompt_lps.get(p), st.token_ids, st.logprobs)
+                choices.append(
+                    CompletionResponseChoice(
+                        index=p * request.n + i,
+                        text=(prompt_text if request.echo else "") + st.text,
+                        logprobs=logprobs,
+                        finish_reason=st.finish_reason,
+                        stop_reason=st.stop_reason,
+                    )
+                )
+        prompt_tokens = sum(len(ids) for _, ids in prompts)
+        usage = UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                          total_tokens=prompt_tokens + completion_tokens)
+        return CompletionResponse(id=request_id, model=model, choices=choices, usage=usage)
+
+    # ------------------------------------------------------------ streaming
+    async def _stream(self, request, model, request_id, prompts, first, merged) -> AsyncIterator[str]:
+        created = int(time.time())
+        n = request.n
+        offsets: dict[int, int] = {}  # choice index -> text offset so far (legacy logprobs)
+        started: set[int] = set()
+        completion_tokens = 0
+        include_usage = bool(request.stream_options and request.stream_options.include_usage)
+
+        def chunks(p: int, out: RequestOutput) -> list[str]:
+            nonlocal completion_tokens
+            text_in, ids = prompts[p]
+            result = []
+            for o in out.outputs:
+                index = p * n + o.index
+                completion_tokens += len(o.token_ids)
+                text = o.text
+                prefix_ids: list[int] = []
+                if index not in started:
+                    started.add(index)
+                    if request.echo:
+                        text = (text_in if text_in is not None else self.tokenizer.decode(ids)) + text
+                        prefix_ids = ids
+                if not text and o.finish_reason is None and not (request.logprobs is not None and o.token_ids):
+                    continue
+                logprobs = None
+                if request.logprobs is not None:
+                    logprobs = self._legacy_logprobs(
+                        request, prefix_ids, out.prompt_logprobs if prefix_ids else None,
+                        o.token_ids, o.logprobs, start_offset=offsets.get(index, 0),
+                    )
+                offsets[index] = offsets.get(index, 0) + len(text)
+                choice = CompletionResponseChoice(
+                    index=index, text=text, logprobs=logprobs,
+                    finish_reason=o.finish_reason, stop_reason=o.stop_reason,
+                )
+                result.append(sse(CompletionStreamResponse(id=request_id, created=created, model=model, choices=[choice])))
+            return result
+
+        try:
+            for chunk in chunks(*first):
+                yield chunk
+            async for p, out in merged:
+                for chunk in chunks(p, out):
+                    yield chunk
+            if include_usage:
+                prompt_tokens = sum(len(ids) for _, ids in prompts)
+                usage = UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                                  total_tokens=prompt_tokens + completion_tokens)
+                yield sse(CompletionStreamResponse(id=request_id, created=created, model=model, choices=[], usage=usage))
+        except Exception as e:  # noqa: BLE001 - the status line is gone; report in-stream
+            yield sse_error(e)
+        finally:
+            await merged.aclose()
+        yield "data: [DONE]\n\n"
+
+    # ------------------------------------------------------------ logprobs
+    def _legacy_logprobs(
+        self,
+        request: CompletionRequest,
+        prompt_ids: list[int],
+        prompt_logprobs: list | None,
+        token_ids: list[int],
+        logprobs: list[dict[int, Logprob]] | None,
+        start_offset: int = 0,
+    ) -> CompletionLogProbs:
+        """OpenAI's legacy format: tokens, token_logprobs, top_logprobs, text_offset."""
+        result = CompletionLogProbs()
+        offset = start_offset
+        positions: list[tuple[int, dict[int, Logprob] | None]] = []
+        if request.echo and prompt_ids:
+            plp = list(prompt_logprobs or [])
+            plp += [None] * (len(prompt_ids) - len(plp))
+            positions += list(zip(prompt_ids, plp))
+        lps = list(logprobs or [])
+        lps += [None] * (len(token_ids) - len(lps))
+        positions += list(zip(token_ids, lps))
+        for token_id, pos in positions:
+            chosen = pos.get(token_id) if pos else None
+            token = self.token_str(token_id, chosen)
+            result.tokens.append(token)
+            result.token_logprobs.append(clamp_logprob(chosen.logprob) if chosen else None)
+            result.text_offset.append(offset)
+            offset += len(token)
+            if pos is None:
+                result.top_logprobs.append(None)
+            else:
+                top = self.top_entries(pos, request.logprobs)
+                if chosen is not None and all(t != token_id for t, _ in top):
+                    top.append((token_id, chosen))  # OpenAI's top_logprobs include the sampled token
+                result.top_logprobs.append({self.token_str(t, lp): clamp_logprob(lp.logprob) for t, lp in top})
+        return result

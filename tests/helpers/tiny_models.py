@@ -1,0 +1,204 @@
+"""Tiny random HF models (float32, safetensors) for tests, built with transformers, never downloaded.
+
+Each ``make_tiny_*`` builds a config (overridable with keyword arguments), creates the model
+with a fixed torch seed, saves it with ``save_pretrained(path, safe_serialization=True)``
+and returns ``path``. A byte-level tokenizer is not written; tests feed token ids.
+
+    path = make_tiny_llama(tmp_path / "llama", num_key_value_heads=1)
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import transformers
+
+# Shared tiny shape: hidden 64, 2 layers, vocab 320 (the byte tokenizer uses 259 ids).
+VOCAB_SIZE = 320
+PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
+BYTE_OFFSET = 3  # byte b is token id b + 3
+
+_TINY_COMMON: dict[str, Any] = dict(
+    vocab_size=VOCAB_SIZE,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    tie_word_embeddings=False,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+    # Larger than HF's 0.02 so attention is peaked and logits spread: mapping bugs show up
+    # as large diffs and greedy argmax has clear margins.
+    initializer_range=0.1,
+)
+
+
+def _build(config: transformers.PretrainedConfig, path: str | os.PathLike, seed: int, with_tokenizer: bool) -> str:
+    path = str(path)
+    if with_tokenizer and config.vocab_size < BYTE_OFFSET + 256:
+        raise ValueError(f"vocab_size {config.vocab_size} too small for the byte tokenizer (needs 259)")
+    torch.manual_seed(seed)
+    config.architectures = None  # set by save_pretrained from the class
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = model.float().eval()
+    # Norm weights default to ones and biases to zeros: randomize them so a wrong mapping shows.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("norm.weight", "ln_1.weight", "ln_2.weight", "ln_f.weight", "layer_norm.weight")):
+                p.add_(0.1 * torch.randn_like(p))
+            elif name.endswith(".bias"):
+                p.add_(0.02 * torch.randn_like(p))
+    model.save_pretrained(path, safe_serialization=True)
+    if with_tokenizer:
+        write_tiny_tokenizer(path)
+    return path
+
+
+def tiny_config(family: str, **overrides: Any) -> transformers.PretrainedConfig:
+    """The tiny HF config of a family ('llama', 'mistral', 'qwen2', 'qwen3', 'opt', 'gpt2')."""
+    if family in ("llama", "mistral", "qwen2", "qwen3"):
+        kw = dict(_TINY_COMMON, rms_norm_eps=1e-6)
+        if family == "mistral":
+            kw.update(sliding_window=8)
+        if family == "qwen3":
+            kw.update(head_dim=32)  # != hidden / heads (16)
+        kw.update(overrides)
+        cls = {
+            "llama": transformers.LlamaConfig,
+            "mistral": transformers.MistralConfig,
+            "qwen2": transformers.Qwen2Config,
+            "qwen3": transformers.Qwen3Config,
+        }[family]
+        return cls(**kw)
+    if family == "opt":
+        kw = dict(
+            vocab_size=VOCAB_SIZE,
+            hidden_size=64,
+            ffn_dim=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=256,
+            word_embed_proj_dim=64,
+            do_layer_norm_before=True,
+            activation_function="relu",
+            tie_word_embeddings=True,
+            bos_token_id=BOS_ID,
+            eos_token_id=EOS_ID,
+            pad_token_id=PAD_ID,
+            init_std=0.1,
+        )
+        kw.update(overrides)
+        return transformers.OPTConfig(**kw)
+    if family == "gpt2":
+        kw = dict(
+            vocab_size=VOCAB_SIZE,
+            n_embd=64,
+            n_layer=2,
+            n_head=4,
+            n_positions=256,
+            activation_function="gelu_new",
+            bos_token_id=1,
+            eos_token_id=2,
+            initializer_range=0.1,
+        )
+        kw.update(overrides)
+        return transformers.GPT2Config(**kw)
+    raise ValueError(f"unknown family {family!r}")
+
+
+def make_tiny_model(
+    family: str, path: str | os.PathLike, *, seed: int = 0, with_tokenizer: bool = True, **overrides: Any
+) -> str:
+    return _build(tiny_config(family, **overrides), path, seed, with_tokenizer)
+
+
+def make_tiny_llama(path: str | os.PathLike, *, seed: int = 0, **overrides: Any) -> str:
+    """Llama, GQA 4:2, untied; e.g. ``tie_word_embeddings=True`` or ``num_key_value_heads=1``."""
+    return make_tiny_model("llama", path, seed=seed, **overrides)
+
+
+def make_tiny_llama3(path: str | os.PathLike, *, seed: int = 0, **overrides: Any) -> str:
+    """Llama 3.1-style rope scaling with a short original context so the scaling matters."""
+    scaling = dict(
+        rope_type="llama3",
+        factor=8.0,
+        low_freq_factor=1.0,
+        high_freq_factor=4.0,
+        original_max_position_embeddings=16,
+        rope_theta=500000.0,
+    )
+    overrides.setdefault("rope_scaling", scaling)
+    return make_tiny_model("llama", path, seed=seed, **overrides)
+
+
+def make_tiny_mistral(path: str | os.PathLike, *, seed: int = 0, **overrides: Any) -> str:
+    """Mistral with sliding_window=8 (smaller than the tests' sequences)."""
+    return make_tiny_model("mistral", path, seed=seed, **overrides)
+
+
+def make_tiny_qwen2(path: str | os.PathLike, *, seed: int = 0, **overrides: Any) -> str:
+    return make_tiny_model("qwen2", path, seed=seed, **overrides)
+
+
+def make_tiny_qwen3(path: str | os.PathLike, *, seed: int = 0, **overrides: Any) -> str:
+    """Qwen3 with head_dim 32 != hidden/heads, q/k norms."""
+    return make_tiny_model("qwen3", path, seed=seed, **overrides)
+
+
+def make_tiny_opt(path: str | os.PathLike, *, seed: int = 0, **overrides: Any) -> str:
+    """OPT, pre-LN, ReLU, tied; ``word_embed_proj_dim=32`` adds project_in/project_out."""
+    return make_tiny_model("opt", path, seed=seed, **overrides)
+
+
+def make_tiny_gpt2(path: str | os.PathLike, *, seed: int = 0, **overrides: Any) -> str:
+    return make_tiny_model("gpt2", path, seed=seed, **overrides)
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    # GPT-2's printable stand-ins for the 256 bytes (what the ByteLevel pre-tokenizer emits).
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+# A plain chat template: "<|role|>\ncontent</s>\n" per message, then "<|assistant|>\n".
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}</s>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+def write_tiny_tokenizer(path: str | os.PathLike) -> str:
+    """Save a byte-level fast tokenizer (no merges: one token per byte) into ``path``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {"<pad>": PAD_ID, "<s>": BOS_ID, "</s>": EOS_ID}
+    for b, ch in _bytes_to_unicode().items():
+        vocab[ch] = BYTE_OFFSET + b
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(str(path))
+    return str(path)
+
+
+def load_hf_model(path: str | os.PathLike) -> torch.nn.Module:
+    """The saved tiny model back in transformers (float32, eval, eager attention)."""
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        str(path), dtype=torch.float32, attn_implementation="eager"
+    ).eval()

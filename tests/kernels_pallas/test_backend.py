@@ -1,0 +1,111 @@
+"""The pallas backend adapter equals the XLA reference through the AttentionMetadata contract."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import jax
+import jax.numpy as jnp
+import pytest
+
+from jaxlm.attention.backends import get_attention_backend
+from jaxlm.attention.metadata import AttentionMetadata
+from jaxlm.attention.pallas_backend import PallasBackend, PallasConstraints, make_pallas_backend
+from jaxlm.attention.xla_backend import paged_attention_xla
+from kp_helpers import assert_close
+
+# The XLA reference multiplies masked V rows by 0, so NaN garbage would reach *its* output;
+# against it we use a large finite garbage value (the kernels' own NaN tests are elsewhere).
+GARBAGE = 3e3
+
+
+def _batch(rng, reqs, bs, hkv, d, pages_per_req, pad_tokens, pad_rows, dtype):
+    """reqs: (context_len, query_len) per row. Cached context written, new K/V returned."""
+    nb = sum(-(-(c + n) // bs) for c, n in reqs) + 4
+    cache = np.full((2, nb, bs, hkv, d), GARBAGE, np.float32)
+    free = list(rng.permutation(nb))
+    tables, pos, slots, tok_req, new_k, new_v = [], [], [], [], [], []
+    for r, (ctx, ql) in enumerate(reqs):
+        blocks = [free.pop() for _ in range(-(-(ctx + ql) // bs))]
+        tables.append(blocks + [0] * (pages_per_req - len(blocks)))
+        kv = rng.standard_normal((2, ctx + ql, hkv, d)).astype(np.float32)
+        for p in range(ctx):
+            cache[:, blocks[p // bs], p % bs] = kv[:, p]
+        for p in range(ctx, ctx + ql):
+            pos.append(p)
+            slots.append(blocks[p // bs] * bs + p % bs)
+            tok_req.append(r)
+        new_k.append(kv[0, ctx:])
+        new_v.append(kv[1, ctx:])
+    n_rows = len(reqs) + pad_rows
+    pos += [0] * pad_tokens
+    slots += [-1] * pad_tokens
+    tok_req += [n_rows - 1] * pad_tokens
+    tables += [[0] * pages_per_req] * pad_rows
+    qlens = [n for _, n in reqs] + [0] * pad_rows
+    i32 = lambda x: jnp.asarray(np.asarray(x), jnp.int32)  # noqa: E731
+    md = AttentionMetadata(
+        positions=i32(pos), slot_mapping=i32(slots), token_to_req=i32(tok_req),
+        block_tables=i32(tables), seq_lens=i32([c + n for c, n in reqs] + [0] * pad_rows),
+        context_lens=i32([c for c, _ in reqs] + [0] * pad_rows),
+        query_start_loc=i32(np.concatenate([[0], np.cumsum(qlens)])))
+    junk = np.full((pad_tokens, hkv, d), GARBAGE, np.float32)
+    k = np.concatenate(new_k + [junk])
+    v = np.concatenate(new_v + [junk])
+    return (jnp.asarray(cache, dtype), jnp.asarray(k, dtype), jnp.asarray(v, dtype), md)
+
+
+def _run_both(reqs, bs, hq, hkv, d, dtype, window, cap, max_query_len=None, seed=0):
+    rng = np.random.default_rng(seed)
+    cache, k, v, md = _batch(rng, reqs, bs, hkv, d, 16, pad_tokens=3, pad_rows=2, dtype=dtype)
+    q = jnp.asarray(rng.standard_normal((k.shape[0], hq, d)), dtype)
+    kw = dict(scale=d ** -0.5, sliding_window=window, logits_soft_cap=cap)
+    ref, ref_cache = paged_attention_xla(q, k, v, cache, md, **kw)
+    backend = PallasBackend(interpret=True)
+    # As the runner calls it: inside jit, kv cache donated.
+    step = jax.jit(functools.partial(backend, max_query_len=max_query_len, **kw),
+                   donate_argnums=(3,))
+    out, new_cache = step(q, k, v, cache, md)
+    valid = np.asarray(md.slot_mapping) >= 0
+    assert_close(np.asarray(out, np.float32)[valid], np.asarray(ref, np.float32)[valid],
+                 dtype, "backend vs xla")
+    assert not np.any(np.asarray(out, np.float32)[~valid]), "padding tokens must get zeros"
+    np.testing.assert_array_equal(np.asarray(new_cache, np.float32),
+                                  np.asarray(ref_cache, np.float32))
+
+
+@pytest.mark.parametrize("bs,hq,hkv,d,dtype,window,cap", [
+    (16, 8, 2, 64, jnp.float32, None, None),
+    (32, 4, 1, 128, jnp.bfloat16, None, None),
+    (16, 8, 1, 64, jnp.float32, 7, 5.0),
+])
+def test_mixed_batch_matches_xla(bs, hq, hkv, d, dtype, window, cap):
+    # decode, fresh prefill, chunk after cached pages, page boundary decode, long + chunk
+    reqs = [(37, 1), (0, 9), (bs, 5), (2 * bs - 1, 1), (5 * bs + 3, 3)]
+    _run_both(reqs, bs, hq, hkv, d, dtype, window, cap)
+
+
+@pytest.mark.parametrize("window", [None, 20])
+def test_decode_only_batch_matches_xla(window):
+    reqs = [(0, 1), (15, 1), (16, 1), (150, 1)]
+    _run_both(reqs, 16, 8, 2, 64, jnp.float32, window, None, max_query_len=1, seed=1)
+
+
+def test_registry_and_interpret_choice():
+    b = get_attention_backend("pallas")
+    assert isinstance(b, PallasBackend) and b.name == "pallas"
+    assert make_pallas_backend().interpret == (jax.default_backend() != "gpu")
+
+
+def test_constraints_round():
+    c = PallasConstraints.for_cache(block_size=16, head_dim=128)
+    assert c.decode_pages_per_block * 16 == 128 and c.prefill_pages_per_block * 16 == 64
+    m = c.page_multiple
+    assert c.round_pages(1) == m and c.round_pages(m) == m and c.round_pages(m + 1) == 2 * m
+    assert m % c.decode_pages_per_block == 0 and m % c.prefill_pages_per_block == 0
+    assert c.round_tokens(37) >= 37
+    # splits: many programs for one long request, none for a big batch, never > blocks
+    assert c.num_splits(1, 8, 512) == c.max_num_splits
+    assert c.num_splits(256, 8, 512) == 1
+    assert c.num_splits(1, 1, 8) == 1

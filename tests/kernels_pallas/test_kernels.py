@@ -1,0 +1,101 @@
+"""Each kernel, in interpret mode, equals its pure-JAX reference (CPU)."""
+
+from __future__ import annotations
+
+import numpy as np
+import jax.numpy as jnp
+import pytest
+
+from kernels_pallas.paged_decode import paged_decode_attention
+from kernels_pallas.ragged_paged import ragged_paged_attention, tile_schedule
+from kernels_pallas.reference import (
+    paged_decode_reference, ragged_paged_reference, ragged_token_layout)
+from kp_helpers import assert_close, paged_cache
+
+f32, bf16 = jnp.float32, jnp.bfloat16
+
+# (block_size, head_dim, Hq, Hkv, dtype, num_splits, window, softcap): a covering set of the
+# grid (page 16/32 x head_dim 64/128 x GQA 1/4/8 x f32/bf16), not the full product, since
+# each interpret-mode call costs seconds.
+DECODE_CASES = [
+    (16, 64, 2, 2, f32, 1, None, None),
+    (32, 128, 4, 1, bf16, 2, None, None),
+    (16, 128, 8, 1, f32, 4, None, None),
+    (32, 64, 8, 2, bf16, 2, None, 5.0),
+    (16, 64, 16, 2, f32, 2, 40, None),
+    (16, 128, 4, 1, bf16, 1, 40, 30.0),
+]
+
+
+@pytest.mark.parametrize("bs,d,hq,hkv,dtype,splits,window,cap", DECODE_CASES)
+def test_decode_matches_reference(bs, d, hq, hkv, dtype, splits, window, cap):
+    rng = np.random.default_rng(bs + d + hq)
+    # context 1, exactly one / two pages, a page + 1, long (many blocks, crosses splits)
+    lens = [1, bs, 2 * bs, bs + 1, 9 * bs + 3]
+    pages = 12
+    cache, tables = paged_cache(rng, lens, bs, hkv, d, dtype, pages)
+    T = len(lens) + 1  # + one padding token (kv_len 0) with huge q
+    q = rng.standard_normal((T, hq, d)).astype(np.float32)
+    q[-1] = 1e4
+    q = jnp.asarray(q, dtype)
+    rows = jnp.asarray(list(range(len(lens))) + [0], jnp.int32)
+    kv_lens = jnp.asarray(lens + [0], jnp.int32)
+    kw = dict(scale=d ** -0.5, sliding_window=window, logits_soft_cap=cap)
+    out = paged_decode_attention(q, cache, tables, rows, kv_lens, pages_per_compute_block=2,
+                                 num_splits=splits, interpret=True, **kw)
+    ref = paged_decode_reference(q, cache, tables, rows, kv_lens, **kw)
+    assert_close(out, ref, dtype, "decode")
+    assert not np.any(np.asarray(out[-1], np.float32)), "padding token must get zeros"
+
+
+# rows (context_len, query_len): decode, fresh prefill, chunk after a full page (prefix hit),
+# chunk crossing a page boundary, long context + short chunk, then padding rows/tokens.
+def _rows(bs):
+    return [(37, 1), (0, 9), (bs, 5), (2 * bs - 3, 7), (6 * bs + 1, 3), (0, 1)]
+
+
+RAGGED_CASES = [
+    (16, 64, 2, 2, f32, None, None, 16),
+    (32, 128, 4, 1, bf16, None, None, 8),
+    (16, 128, 8, 1, bf16, None, None, 2),
+    (32, 64, 8, 2, f32, 7, None, 4),
+    (16, 64, 4, 2, f32, None, 5.0, 8),
+    (16, 64, 4, 1, bf16, 20, 30.0, 4),
+]
+
+
+@pytest.mark.parametrize("bs,d,hq,hkv,dtype,window,cap,block_q", RAGGED_CASES)
+def test_ragged_matches_reference(bs, d, hq, hkv, dtype, window, cap, block_q):
+    rng = np.random.default_rng(bs * d + hq)
+    rows = _rows(bs)
+    pad_rows, pad_tokens = 2, 3
+    seq = [c + n for c, n in rows] + [0] * pad_rows
+    cache, tables = paged_cache(rng, seq, bs, hkv, d, dtype, 8)
+    qlens = [n for _, n in rows] + [0] * pad_rows
+    qsl = jnp.asarray(np.concatenate([[0], np.cumsum(qlens)]), jnp.int32)
+    ctx = jnp.asarray([c for c, _ in rows] + [0] * pad_rows, jnp.int32)
+    T = sum(qlens) + pad_tokens
+    q = rng.standard_normal((T, hq, d)).astype(np.float32)
+    q[-pad_tokens:] = np.nan  # padding query slots hold garbage too
+    q = jnp.asarray(q, dtype)
+    kw = dict(scale=d ** -0.5, sliding_window=window, logits_soft_cap=cap)
+    out = ragged_paged_attention(q, cache, tables, ctx, qsl, pages_per_compute_block=2,
+                                 block_q=block_q, interpret=True, **kw)
+    ref = ragged_paged_reference(q, cache, tables, ctx, qsl, **kw)
+    assert_close(out, ref, dtype, "ragged")
+
+
+def test_tile_schedule_covers_every_token_once():
+    qsl = jnp.asarray([0, 1, 10, 10, 15, 15], jnp.int32)
+    rows, q0, qlen = (np.asarray(a) for a in tile_schedule(qsl, 4, 12))
+    seen = np.zeros(15, int)
+    for r, s, n in zip(rows, q0, qlen):
+        assert n == 0 or (qsl[r] <= s and s + n <= qsl[r + 1])
+        seen[s:s + n] += 1
+    assert (seen == 1).all()
+
+
+def test_ragged_layout_positions():
+    rows, kv_lens = ragged_token_layout(jnp.asarray([3, 0]), jnp.asarray([0, 2, 3]), 5)
+    assert rows.tolist()[:3] == [0, 0, 1]
+    assert kv_lens.tolist() == [4, 5, 1, 0, 0]

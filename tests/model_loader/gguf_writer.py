@@ -1,0 +1,77 @@
+"""Write an HF checkpoint as a llama.cpp-style GGUF (test fixture), the way convert_hf_to_gguf does."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import gguf
+import numpy as np
+
+from loader_helpers import hf_tensors
+
+_LAYER = {
+    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+_GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+           "lm_head.weight": "output.weight"}
+
+
+def gguf_name(hf: str) -> str:
+    if hf in _GLOBAL:
+        return _GLOBAL[hf]
+    m = re.match(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)$", hf)
+    return f"blk.{m.group(1)}.{_LAYER[m.group(2)]}.{m.group(3)}"
+
+
+def permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's converter: HF rotate-half q/k rows → interleaved (LlamaModel.permute)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_gguf(hf_dir: str, out: str, cfg, quant: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.Q8_0,
+               arch: str = "llama") -> dict[str, np.ndarray]:
+    """Write ``out``; returns the dequantized reference per HF name (in HF layout, unpermuted)."""
+    w = gguf.GGUFWriter(out, arch)
+    w.add_name("tiny")
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
+    w.add_layer_norm_rms_eps(float(cfg.rms_norm_eps))
+    w.add_vocab_size(cfg.vocab_size)
+    w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list([f"t{i}" for i in range(cfg.vocab_size)])
+    w.add_token_types([1] * cfg.vocab_size)
+    w.add_bos_token_id(cfg.bos_token_id)
+    w.add_eos_token_id(cfg.eos_token_id)
+    ref: dict[str, np.ndarray] = {}
+    for name, arr in hf_tensors(hf_dir).items():
+        arr = arr.astype(np.float32)
+        perm = arch == "llama" and (".q_proj." in name or ".k_proj." in name)
+        heads = cfg.num_attention_heads if ".q_proj." in name else cfg.num_key_value_heads
+        stored = permute(arr, heads) if perm else arr
+        if arr.ndim == 2 and quant != gguf.GGMLQuantizationType.F32:
+            q = gguf.quants.quantize(stored, quant)
+            w.add_tensor(gguf_name(name), q, raw_shape=q.shape, raw_dtype=quant)
+            deq = gguf.quants.dequantize(q, quant).reshape(stored.shape)
+        else:  # 1-D tensors (norms, biases) stay F32 as llama.cpp keeps them
+            w.add_tensor(gguf_name(name), stored)
+            deq = stored
+        if perm:  # the reference in HF layout: undo the permutation exactly as HF would
+            deq = deq.reshape(heads, deq.shape[0] // heads // 2, 2, *deq.shape[1:]).swapaxes(1, 2).reshape(deq.shape)
+        ref[name] = deq
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    assert os.path.getsize(out) > 0
+    return ref

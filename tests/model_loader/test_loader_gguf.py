@@ -1,0 +1,91 @@
+"""GGUF checkpoints: metadata → HF config, q/k unpermutation, F32 / Q8_0 dequantization."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import gguf
+import numpy as np
+import pytest
+import transformers
+
+from gguf_writer import permute, write_gguf
+from loader_helpers import hf_tensors, load, param_as_hf
+from jaxlm.config import LoadConfig, ModelConfig
+from jaxlm.model_loader import CorruptCheckpointError, resolve_model_config
+from jaxlm.model_loader.gguf_utils import unpermute_qk
+
+F32, Q8_0 = gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.Q8_0
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tiny_llama_dir, tmp_path_factory):
+    cfg = transformers.AutoConfig.from_pretrained(tiny_llama_dir)
+    out = str(tmp_path_factory.mktemp("gguf") / "tiny-Q8_0.gguf")
+    return out, write_gguf(tiny_llama_dir, out, cfg, Q8_0), cfg
+
+
+def test_unpermute_inverts_converter():
+    w = np.arange(8 * 6 * 3, dtype=np.float32).reshape(8 * 6, 3)
+    for heads in (1, 2, 6):
+        np.testing.assert_array_equal(unpermute_qk(permute(w, heads), heads), w)
+    assert not np.array_equal(permute(w, 2), w)
+
+
+def test_config_from_metadata(tiny_gguf):
+    path, _, cfg = tiny_gguf
+    mc = resolve_model_config(ModelConfig(model=path), LoadConfig())
+    got = mc.hf_config
+    assert type(got).__name__ == "LlamaConfig" and got.architectures == ["LlamaForCausalLM"]
+    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "vocab_size", "max_position_embeddings", "bos_token_id", "eos_token_id"):
+        assert getattr(got, key) == getattr(cfg, key), key
+    assert got.rope_parameters["rope_theta"] == cfg.rope_parameters["rope_theta"]
+    assert got.rms_norm_eps == pytest.approx(cfg.rms_norm_eps)
+    assert got.tie_word_embeddings is False  # output.weight present
+    assert mc.dtype == "float32" and mc.max_model_len == cfg.max_position_embeddings
+
+
+@pytest.mark.parametrize("quant", [F32, Q8_0])
+def test_llama_gguf_matches_reference(tiny_llama_dir, tmp_path, quant):
+    cfg = transformers.AutoConfig.from_pretrained(tiny_llama_dir)
+    path = str(tmp_path / f"tiny-{quant.name}.gguf")
+    ref = write_gguf(tiny_llama_dir, path, cfg, quant)
+    model = load(path)
+    hf = hf_tensors(tiny_llama_dir)
+    for name, want in ref.items():
+        got = param_as_hf(model, name)
+        np.testing.assert_array_equal(got, want, err_msg=name)  # exactly the dequantized file
+        # and the HF model it came from, within the quantization error (Q8_0: scale/2 per block)
+        tol = 0 if quant == F32 else np.abs(hf[name]).max() / 127
+        np.testing.assert_allclose(got, hf[name], atol=tol, rtol=0, err_msg=name)
+
+
+def test_qwen2_gguf_is_not_permuted(tmp_path):
+    from tests.helpers.tiny_models import make_tiny_qwen2
+
+    d = make_tiny_qwen2(tmp_path / "qwen2")
+    cfg = transformers.AutoConfig.from_pretrained(d)
+    path = str(tmp_path / "qwen2.gguf")
+    ref = write_gguf(d, path, cfg, F32, arch="qwen2")
+    mc = resolve_model_config(ModelConfig(model=path), LoadConfig())
+    assert type(mc.hf_config).__name__ == "Qwen2Config"
+    model = load(path)
+    hf = hf_tensors(d)
+    for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.1.self_attn.k_proj.bias"):
+        np.testing.assert_array_equal(param_as_hf(model, name), hf[name])
+        np.testing.assert_array_equal(ref[name], hf[name])
+
+
+def test_gguf_directory_and_truncated(tiny_gguf, tmp_path):
+    path, _, _ = tiny_gguf
+    data = open(path, "rb").read()
+    d = tmp_path / "dir"
+    d.mkdir()
+    (d / "model.gguf").write_bytes(data)
+    load(str(d))  # a directory holding one .gguf
+    bad = tmp_path / "cut.gguf"
+    bad.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CorruptCheckpointError, match=rf"^{re.escape(str(bad))}: corrupt or truncated checkpoint"):
+        load(str(bad))

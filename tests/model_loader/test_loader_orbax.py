@@ -1,0 +1,73 @@
+"""Orbax round trip: a loaded model saved with save_orbax() restores identically (format auto or explicit)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+
+import numpy as np
+import pytest
+import jax
+from flax import nnx
+
+from loader_helpers import load
+from jaxlm.config import LoadConfig, ModelConfig
+from jaxlm.model_loader import MissingWeightsError, NoWeightsError, resolve_model_config, save_orbax
+from jaxlm.model_loader.formats import ORBAX_MARKER
+
+
+def _params(model) -> dict:
+    return {".".join(map(str, p)): np.asarray(v[...]) for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+
+
+@pytest.fixture(scope="module")
+def orbax_dir(tiny_llama_dir, tmp_path_factory):
+    model = load(tiny_llama_dir)
+    mc = resolve_model_config(ModelConfig(model=tiny_llama_dir), LoadConfig())
+    out = str(tmp_path_factory.mktemp("orbax") / "ckpt")
+    save_orbax(model, out, mc.hf_config)
+    return out, _params(model)
+
+
+@pytest.mark.parametrize("load_format", ["auto", "orbax"])
+def test_round_trip_identical(orbax_dir, load_format):
+    out, want = orbax_dir
+    assert os.path.isfile(os.path.join(out, ORBAX_MARKER)) and os.path.isfile(os.path.join(out, "config.json"))
+    mc = resolve_model_config(ModelConfig(model=out), LoadConfig(load_format=load_format))
+    assert mc.hf_config.model_type == "llama"
+    model = load(out, load_format=load_format)
+    got = _params(model)
+    assert got.keys() == want.keys()
+    for k in want:
+        assert got[k].dtype == want[k].dtype
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+    leaf = model.model.layers[0].mlp.up_proj.weight[...]
+    assert isinstance(leaf, jax.Array) and leaf.sharding.device_set == {jax.devices()[0]}
+
+
+def test_restore_in_other_dtype(orbax_dir):
+    import ml_dtypes
+
+    out, want = orbax_dir
+    model = load(out, dtype="bfloat16")
+    got = _params(model)
+    k = "model.layers.1.self_attn.q_proj.weight"
+    assert got[k].dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(got[k], want[k].astype(ml_dtypes.bfloat16))
+
+
+def test_missing_param_and_not_orbax(orbax_dir, tmp_path, tiny_llama_dir):
+    out, _ = orbax_dir
+    with pytest.raises(NoWeightsError, match=r"not a jaxlm orbax checkpoint"):
+        load(tiny_llama_dir, load_format="orbax")
+    # a checkpoint of a model with fewer layers misses the rest
+    import json
+
+    bad = tmp_path / "bad"
+    shutil.copytree(out, bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg["num_hidden_layers"] = 3
+    (bad / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(MissingWeightsError, match=rf"^{re.escape(str(bad))}: missing \d+ weight\(s\): model\.layers\.2\."):
+        load(str(bad))

@@ -1,0 +1,46 @@
+"""Llama / Mistral / Qwen2 / Qwen3 logits and greedy tokens equal transformers' (float32)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.helpers import tiny_models as tm
+from tests.models._parity import TOL, run_parity
+
+PROMPT_LENS = (5, 11, 17)
+
+
+def _prompts(seed: int = 0, lens=PROMPT_LENS) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return [rng.integers(3, 256, n).tolist() for n in lens]
+
+
+CASES = {
+    # name: (maker, config overrides, prefill chunk or None)
+    "llama_gqa_untied": (tm.make_tiny_llama, {}, None),
+    "llama_mqa_tied": (tm.make_tiny_llama, dict(num_key_value_heads=1, tie_word_embeddings=True), None),
+    "llama_mha_biases": (tm.make_tiny_llama, dict(num_key_value_heads=4, attention_bias=True, mlp_bias=True), None),
+    "llama_head_dim_8": (tm.make_tiny_llama, dict(num_attention_heads=8, num_key_value_heads=2), None),
+    "llama3_rope_scaling": (tm.make_tiny_llama3, {}, None),
+    "llama_chunked_prefill": (tm.make_tiny_llama, {}, 4),
+    "mistral_sliding_window": (tm.make_tiny_mistral, {}, None),
+    "mistral_sliding_window_chunked": (tm.make_tiny_mistral, dict(sliding_window=6), 5),
+    "qwen2_qkv_bias": (tm.make_tiny_qwen2, {}, None),
+    "qwen2_tied": (tm.make_tiny_qwen2, dict(tie_word_embeddings=True, num_key_value_heads=1), None),
+    "qwen3_qk_norm_head_dim": (tm.make_tiny_qwen3, {}, None),
+    "qwen3_tied": (tm.make_tiny_qwen3, dict(tie_word_embeddings=True), None),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_hf_parity(case: str, tmp_path, record_property) -> None:
+    maker, overrides, chunk = CASES[case]
+    path = maker(tmp_path / case, **overrides)
+    res = run_parity(path, _prompts(), steps=32, chunk=chunk)
+    record_property("prefill_max_diff", res.prefill_max_diff)
+    record_property("decode_max_diff", res.decode_max_diff)
+    print(f"{case}: prefill max|diff| {res.prefill_max_diff:.2e}, decode {res.decode_max_diff:.2e}")
+    assert res.prefill_max_diff < TOL, res.prefill_max_diff
+    assert res.decode_max_diff < TOL, res.decode_max_diff
+    assert res.tokens_equal, f"ours {res.ours}\nhf   {res.ref}"

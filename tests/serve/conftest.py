@@ -1,0 +1,94 @@
+"""A real uvicorn server on 127.0.0.1 (free port) in a background thread, for the openai client."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from jaxlm.engine.async_llm_engine import AsyncLLMEngine
+from jaxlm.serve.api_server import build_app, build_server, create_server_socket, init_app_state
+from jaxlm.serve.cli_args import make_arg_parser
+from jaxlm.serve.metrics import parse_metrics
+
+
+class ServerThread:
+    def __init__(self, engine: AsyncLLMEngine, cli: list[str] | None = None) -> None:
+        args = make_arg_parser().parse_args(
+            ["--port", "0", "--uvicorn-log-level", "warning", "--disable-uvicorn-access-log", *(cli or [])])
+        self.engine = engine
+        self.app = build_app(args)
+        init_app_state(engine, self.app.state, args)
+        self.sock = create_server_socket("127.0.0.1", 0)
+        self.port = self.sock.getsockname()[1]
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.server = build_server(self.app, args)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline and self.thread.is_alive(), "server did not start"
+            time.sleep(0.02)
+
+    def client(self, api_key: str = "EMPTY", **kw: Any) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.base + "/v1", api_key=api_key, max_retries=0, timeout=60, **kw)
+
+    def http(self) -> httpx.Client:
+        return httpx.Client(base_url=self.base, timeout=60)
+
+    def metrics(self) -> dict[str, float]:
+        return parse_metrics(httpx.get(self.base + "/metrics", timeout=10).text)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+        self.sock.close()
+
+
+def metric(values: dict[str, float], name: str, **labels: str) -> float:
+    """The value of one sample, matching `name` and a subset of labels."""
+    for key, value in values.items():
+        base, _, rest = key.partition("{")
+        if base == name and all(f'{k}="{v}"' in rest for k, v in labels.items()):
+            return value
+    raise KeyError(name)
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from tests.helpers.tiny_tokenizer import add_tiny_tokenizer
+
+    return add_tiny_tokenizer(tmp_path_factory.mktemp("tok"))
+
+
+@pytest.fixture
+def fake_server_factory(tiny_tokenizer_dir: str) -> Iterator[Callable[..., ServerThread]]:
+    """Servers over FakeLLMEngine (unit-test double); stopped at teardown."""
+    from tests.serve.fake_engine import FakeLLMEngine
+
+    started: list[ServerThread] = []
+
+    def make(cli: list[str] | None = None, **engine_kw: Any) -> ServerThread:
+        engine = AsyncLLMEngine(lambda: FakeLLMEngine(tiny_tokenizer_dir, **engine_kw))
+        server = ServerThread(engine, cli)
+        started.append(server)
+        return server
+
+    yield make
+    for server in started:
+        server.stop()
+        server.engine.shutdown()
