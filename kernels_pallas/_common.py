@@ -62,3 +62,20 @@ def online_softmax_step(carry, s: jax.Array, mask: jax.Array, key_ok: jax.Array,
     v = jnp.where(key_ok[:, None], v, jnp.zeros_like(v))
     acc = alpha[:, None] * acc + dot(p.astype(v.dtype), v)
     return acc, m_new, l_new
+
+
+def split_blocks(first_blk, end_blk, split, num_splits: int):
+    """Blocks [b0, b1) of split ``split`` when [first_blk, end_blk) is cut into num_splits
+    near-equal runs (split-K over the *actual* keys, not the padded block table)."""
+    per = (jnp.maximum(end_blk - first_blk, 0) + num_splits - 1) // num_splits
+    b0 = first_blk + split * per
+    return b0, jnp.minimum(b0 + per, end_blk)
+
+
+def merge_splits(o: jax.Array, m: jax.Array, l: jax.Array) -> jax.Array:
+    """Merge per-split normalised outputs o [S, ..., D] with their max m / sum l [S, ...]."""
+    m_all = m.max(axis=0)
+    w = l * jnp.exp(m - m_all[None])
+    den = w.sum(axis=0)
+    out = (w[..., None] * o).sum(axis=0)
+    return out / jnp.where(den > 0, den, 1.0)[..., None]

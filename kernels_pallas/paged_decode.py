@@ -22,7 +22,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from kernels_pallas._common import (
-    NEG_INF, dot, is_pow2, load_kv_block, next_pow2, online_softmax_step, softcap_scores)
+    NEG_INF, dot, is_pow2, load_kv_block, merge_splits, next_pow2, online_softmax_step,
+    softcap_scores, split_blocks)
 
 MIN_DOT_ROWS = 16  # tl.dot needs M >= 16
 
@@ -40,9 +41,7 @@ def _decode_kernel(q_ref, k_ref, v_ref, bt_ref, rows_ref, lens_ref, o_ref, m_ref
     # so a short context in a long-max_model_len table still spreads over all of them.
     first_blk = lo // block_k
     end_blk = pl.cdiv(kv_len, block_k)
-    per_split = pl.cdiv(jnp.maximum(end_blk - first_blk, 0), num_splits)
-    b0 = first_blk + s * per_split
-    b1 = jnp.minimum(b0 + per_split, end_blk)
+    b0, b1 = split_blocks(first_blk, end_blk, s, num_splits)
 
     q = q_ref[...]  # [Gp, D]
     rows = q.shape[0]
@@ -63,15 +62,6 @@ def _decode_kernel(q_ref, k_ref, v_ref, bt_ref, rows_ref, lens_ref, o_ref, m_ref
     o_ref[...] = acc / jnp.where(l > 0, l, 1.0)[:, None]
     m_ref[...] = m
     l_ref[...] = l
-
-
-def merge_splits(o: jax.Array, m: jax.Array, l: jax.Array) -> jax.Array:
-    """Merge per-split normalised outputs o [S, ..., D] with their max m / sum l [S, ...]."""
-    m_all = m.max(axis=0)
-    w = l * jnp.exp(m - m_all[None])
-    den = w.sum(axis=0)
-    out = (w[..., None] * o).sum(axis=0)
-    return out / jnp.where(den > 0, den, 1.0)[..., None]
 
 
 def decode_grid(num_tokens: int, num_kv_heads: int, num_splits: int) -> tuple[int, int, int]:

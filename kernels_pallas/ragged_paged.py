@@ -24,7 +24,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from kernels_pallas._common import (
-    NEG_INF, dot, is_pow2, load_kv_block, next_pow2, online_softmax_step, softcap_scores)
+    NEG_INF, dot, is_pow2, load_kv_block, merge_splits, next_pow2, online_softmax_step,
+    softcap_scores, split_blocks)
 
 
 def num_tiles_bound(num_tokens: int, num_rows: int, block_q: int) -> int:
@@ -48,9 +49,10 @@ def tile_schedule(query_start_loc: jax.Array, block_q: int, num_tiles: int):
 
 
 def _ragged_kernel(q_ref, k_ref, v_ref, bt_ref, ctx_ref, qsl_ref, trow_ref, tq0_ref, tlen_ref,
-                   o_ref, *, scale: float, window: int | None, cap: float | None,
-                   pages_per_block: int, block_q: int, group: int, group_pad: int):
-    t = pl.program_id(0)
+                   *out_refs, scale: float, window: int | None, cap: float | None,
+                   pages_per_block: int, block_q: int, group: int, group_pad: int,
+                   num_splits: int):
+    t, split = pl.program_id(0), pl.program_id(2)
     num_pages, block_size, head_dim = k_ref.shape
     block_k = pages_per_block * block_size
     M = block_q * group_pad
@@ -79,16 +81,22 @@ def _ragged_kernel(q_ref, k_ref, v_ref, bt_ref, ctx_ref, qsl_ref, trow_ref, tq0_
 
     carry = (jnp.zeros((M, head_dim), jnp.float32),
              jnp.full((M,), NEG_INF, jnp.float32), jnp.zeros((M,), jnp.float32))
-    acc, _, l = jax.lax.fori_loop(lo // block_k, pl.cdiv(hi, block_k), body, carry)
+    b0, b1 = split_blocks(lo // block_k, pl.cdiv(hi, block_k), split, num_splits)
+    acc, m, l = jax.lax.fori_loop(b0, b1, body, carry)
+    o_ref = out_refs[0]
     out = (acc / jnp.where(l > 0, l, 1.0)[:, None]).astype(o_ref.dtype)
-    # Masked store: the rows past qlen belong to the next row's tiles.
-    store_ok = jnp.broadcast_to((tok < qlen)[:, None], (M, head_dim))
-    plgpu.store(o_ref.at[pl.ds(q0 * group_pad, M), :], out, mask=store_ok)
+    # Masked stores: the rows past qlen belong to the next row's tiles.
+    rows = pl.ds(q0 * group_pad, M)
+    mine = tok < qlen
+    plgpu.store(o_ref.at[rows, :], out, mask=jnp.broadcast_to(mine[:, None], (M, head_dim)))
+    if num_splits > 1:  # split-K: the epilogue merges with each split's max / sum
+        plgpu.store(out_refs[1].at[rows], m, mask=mine)
+        plgpu.store(out_refs[2].at[rows], l, mask=mine)
 
 
 @functools.partial(jax.jit, static_argnames=(
     "scale", "sliding_window", "logits_soft_cap", "pages_per_compute_block", "block_q",
-    "num_warps", "num_stages", "interpret"))
+    "num_splits", "num_warps", "num_stages", "interpret"))
 def ragged_paged_attention(
     q: jax.Array,  # [T, Hq, D]
     kv_cache: jax.Array,  # [2, num_blocks, block_size, Hkv, D], this step's K/V already in
@@ -101,6 +109,7 @@ def ragged_paged_attention(
     logits_soft_cap: float | None = None,
     pages_per_compute_block: int = 4,
     block_q: int | None = None,
+    num_splits: int = 1,
     num_warps: int = 4,
     num_stages: int = 2,
     interpret: bool = False,
@@ -129,25 +138,32 @@ def ragged_paged_attention(
 
     kernel = functools.partial(
         _ragged_kernel, scale=scale, window=sliding_window, cap=logits_soft_cap,
-        pages_per_block=ppb, block_q=bq, group=G, group_pad=Gp)
-    full = lambda shape: pl.BlockSpec(shape, lambda t, h: (0,) * len(shape))  # noqa: E731
+        pages_per_block=ppb, block_q=bq, group=G, group_pad=Gp, num_splits=num_splits)
+    full = lambda shape: pl.BlockSpec(shape, lambda t, h, s: (0,) * len(shape))  # noqa: E731
     kv_spec = lambda which: pl.BlockSpec(  # noqa: E731
-        (None, num_blocks, bs, None, D), lambda t, h: (which, 0, 0, h, 0))
-    out = pl.pallas_call(
+        (None, num_blocks, bs, None, D), lambda t, h, s: (which, 0, 0, h, 0))
+    S, TG = num_splits, Tp * Gp
+    out_specs = [pl.BlockSpec((None, None, TG, D), lambda t, h, s: (s, h, 0, 0))]
+    out_shape = [jax.ShapeDtypeStruct((S, Hkv, TG, D), q.dtype if S == 1 else jnp.float32)]
+    if S > 1:
+        out_specs += [pl.BlockSpec((None, None, TG), lambda t, h, s: (s, h, 0))] * 2
+        out_shape += [jax.ShapeDtypeStruct((S, Hkv, TG), jnp.float32)] * 2
+    res = pl.pallas_call(
         kernel,
-        grid=(nt, Hkv),
+        grid=(nt, Hkv, S),
         in_specs=[
-            pl.BlockSpec((None, Tp * Gp, D), lambda t, h: (h, 0, 0)),
+            pl.BlockSpec((None, TG, D), lambda t, h, s: (h, 0, 0)),
             kv_spec(0), kv_spec(1),
             full(block_tables.shape), full((R,)), full((R + 1,)),
             full((nt,)), full((nt,)), full((nt,)),
         ],
-        out_specs=pl.BlockSpec((None, Tp * Gp, D), lambda t, h: (h, 0, 0)),
-        out_shape=jax.ShapeDtypeStruct((Hkv, Tp * Gp, D), q.dtype),
+        out_specs=out_specs,
+        out_shape=out_shape,
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
-        name=f"ragged_paged_ppb{ppb}_bq{bq}",
+        name=f"ragged_paged_ppb{ppb}_bq{bq}_s{S}",
     )(qg, kv_cache, kv_cache, block_tables, context_lens, query_start_loc, trow, tq0, tlen)
+    out = res[0][0] if S == 1 else merge_splits(*res).astype(q.dtype)
     out = out.reshape(Hkv, Tp, Gp, D)[:, :T, :G].transpose(1, 0, 2, 3).reshape(T, Hq, D)
     # Rows no tile stored (padding tokens) are uninitialised memory on a GPU.
     valid = jnp.arange(T) < query_start_loc[-1]

@@ -6,7 +6,7 @@
 The safetensors and orbax checkpoints are derived from the default GGUF first (dequantized f32
 weights in HF layout → safetensors with jaxlm's exporter; the GGUF-loaded model → save_orbax).
 Each measurement runs ``--child`` in a new interpreter: imports, then resolve_model_config +
-get_model + block_until_ready on every parameter, reporting wall time and ru_maxrss.
+get_model + block_until_ready on every parameter, reporting wall time and peak RSS (VmHWM).
 """
 
 from __future__ import annotations
@@ -24,6 +24,16 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 logger = logging.getLogger("bench_load")
+
+
+def _peak_rss_mb() -> float:
+    """VmHWM: this process's own peak RSS. (ru_maxrss survives exec and would report the parent's
+    peak at fork time when that is larger.)"""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _rss_mb() -> float:
@@ -55,7 +65,7 @@ def child(path: str, load_format: str) -> dict:
     return {
         "format": load_format, "import_s": t_import, "resolve_s": t_resolve, "load_s": t_load,
         "base_rss_mb": base_rss, "end_rss_mb": _rss_mb(),
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "params": n_params,
+        "peak_rss_mb": _peak_rss_mb(), "params": n_params,
     }
 
 

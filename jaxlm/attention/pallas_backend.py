@@ -7,11 +7,12 @@ in place), then (2) attention reading every key, old and new, in place from the 
     program per (token, KV head, split) with a split-K merge so small batches with long
     contexts still fill the GPU;
   * everything else (prefill, chunked prefill, prefix hits, mixed): ``ragged_paged_attention``
-    over tiles of ``block_q`` tokens of one row.
+    over tiles of ``block_q`` tokens of one row (also split-K when the bucket is small).
 
 Which one is a *static* choice: pass ``max_query_len=1`` (or give the metadata a static
 ``max_query_len`` attribute) for decode-only buckets. Without the hint the ragged kernel runs,
-which is correct for every batch, decode included. Why a separate K/V write instead of a
+which is correct for every batch, decode included, and splits K for small buckets too, so
+the hint mostly saves the ragged tile's padded rows (decode kernel: 16-row tiles). Why a separate K/V write instead of a
 fused one: the write is T x Hkv x D x 2 elements (KBs) against a read of the whole context
 (MBs); a fused write would need the cache aliased as a kernel output and cross-program
 ordering (the program writing a page is not the one reading it under split-K / GQA tiles),
@@ -29,7 +30,8 @@ import jax.numpy as jnp
 from jaxlm.attention.metadata import AttentionMetadata
 from jaxlm.attention.xla_backend import write_kv
 from kernels_pallas.paged_decode import paged_decode_attention
-from kernels_pallas.ragged_paged import default_block_q, ragged_paged_attention
+from kernels_pallas.ragged_paged import (
+    default_block_q, num_tiles_bound, ragged_paged_attention)
 
 # Programs a decode call should launch to fill a GPU (~2 waves of an H100's 132 SMs).
 _TARGET_PROGRAMS = 256
@@ -84,11 +86,13 @@ class PallasConstraints:
         """Tokens per prefill tile."""
         return default_block_q(num_q_heads // num_kv_heads)
 
-    def num_splits(self, num_tokens: int, num_kv_heads: int, pages_per_req: int) -> int:
-        """Decode split-K factor: enough programs to fill the GPU, never more splits than
-        compute blocks in the table. Static (shapes only), so one program per bucket."""
-        blocks = max(1, pages_per_req // self.decode_pages_per_block)
-        want = max(1, _TARGET_PROGRAMS // max(1, num_tokens * num_kv_heads))
+    def num_splits(self, num_items: int, num_kv_heads: int, pages_per_req: int,
+                   pages_per_block: int | None = None) -> int:
+        """Split-K factor for ``num_items`` tokens (decode) or tiles (ragged) x KV heads:
+        enough programs to fill the GPU, never more splits than compute blocks in the
+        table. Static (shapes only), so still one program per bucket; large batches get 1."""
+        blocks = max(1, pages_per_req // (pages_per_block or self.decode_pages_per_block))
+        want = max(1, _TARGET_PROGRAMS // max(1, num_items * num_kv_heads))
         s = 1
         while s * 2 <= min(want, blocks, self.max_num_splits):
             s *= 2
@@ -135,11 +139,15 @@ class PallasBackend:
                 num_splits=c.num_splits(T, Hkv, md.block_tables.shape[1]),
                 interpret=self.interpret)
         else:
+            bq = c.block_q(Hq, Hkv)
+            tiles = num_tiles_bound(T, md.num_rows, bq)
             out = ragged_paged_attention(
                 q, kv_cache, md.block_tables, md.context_lens, md.query_start_loc,
                 scale=scale, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
-                pages_per_compute_block=c.prefill_pages_per_block,
-                block_q=c.block_q(Hq, Hkv), interpret=self.interpret)
+                pages_per_compute_block=c.prefill_pages_per_block, block_q=bq,
+                num_splits=c.num_splits(tiles, Hkv, md.block_tables.shape[1],
+                                        c.prefill_pages_per_block),
+                interpret=self.interpret)
         return out, kv_cache
 
 

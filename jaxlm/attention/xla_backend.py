@@ -23,12 +23,13 @@ _CHUNK_TOKENS = 256
 
 def write_kv(kv_cache: jax.Array, k: jax.Array, v: jax.Array, slot_mapping: jax.Array) -> jax.Array:
     """Scatter new K/V ([T, Hkv, D]) into kv_cache [2, num_blocks, block_size, Hkv, D]."""
-    two, nb, bs, h, d = kv_cache.shape
-    flat = kv_cache.reshape(two, nb * bs, h, d)
-    slots = jnp.where(slot_mapping < 0, nb * bs, slot_mapping)  # out of range -> dropped
-    flat = flat.at[0, slots].set(k.astype(flat.dtype), mode="drop")
-    flat = flat.at[1, slots].set(v.astype(flat.dtype), mode="drop")
-    return flat.reshape(kv_cache.shape)
+    _, nb, bs, _, _ = kv_cache.shape
+    # Index (block, offset) on the 5-D array: XLA scatters in place into the donated cache
+    # (a flattening reshape first made it copy the whole cache every layer).
+    block = jnp.where(slot_mapping < 0, nb, slot_mapping // bs)  # out of range -> dropped
+    offset = slot_mapping % bs
+    kv_cache = kv_cache.at[0, block, offset].set(k.astype(kv_cache.dtype), mode="drop")
+    return kv_cache.at[1, block, offset].set(v.astype(kv_cache.dtype), mode="drop")
 
 
 def _scores(s: jax.Array, scale: float, logits_soft_cap: float | None) -> jax.Array:
@@ -96,8 +97,8 @@ def paged_attention_xla(
     def body(i, carry):
         m, l, acc = carry
         pages = lax.dynamic_slice_in_dim(bt, i * pages_per_chunk, pages_per_chunk, axis=1)
-        kc = kv_cache[0][pages].reshape(T, chunk, Hkv, D).astype(jnp.float32)
-        vc = kv_cache[1][pages].reshape(T, chunk, Hkv, D).astype(jnp.float32)
+        kc = kv_cache[0, pages].reshape(T, chunk, Hkv, D).astype(jnp.float32)
+        vc = kv_cache[1, pages].reshape(T, chunk, Hkv, D).astype(jnp.float32)
         s = _scores(jnp.einsum("thgd,tjhd->thgj", qf, kc), scale, logits_soft_cap)
         j = i * chunk + jnp.arange(chunk)
         mask = j[None, :] < ctx[:, None]

@@ -60,7 +60,7 @@ class SamplingInputBuilder:
 
     def __init__(self, vocab_size: int, max_model_len: int, *, engine_seed: int = 0,
                  max_logprobs: int = 20, max_bias_tokens: int = 1024,
-                 max_allowed_tokens: int = 1024, num_candidates: int = 128) -> None:
+                 max_allowed_tokens: int = 1024, num_candidates: int = 256) -> None:
         self.vocab_size = vocab_size
         self.penalty_width = max(1, min(max_model_len, vocab_size))
         self.engine_seed = engine_seed
@@ -189,8 +189,10 @@ class SamplingInputBuilder:
 
     def variant_of(self, req_ids: Sequence[str]) -> SamplerVariant:
         states = [self._reqs[r] for r in req_ids]
+        sampling = [s for s in states if not s.params.greedy]
         return SamplerVariant(
-            random=any(not s.params.greedy for s in states),
+            random=bool(sampling),
+            filters=any(s.params.top_k > 0 or s.params.top_p < 1.0 for s in sampling),
             processors=any(s.processors for s in states),
             logprobs=any(s.params.logprobs is not None for s in states))
 
@@ -212,6 +214,7 @@ class SamplingInputBuilder:
         need = self.variant_of(req_ids)
         if min_variant is not None:
             need = SamplerVariant(*(a or b for a, b in zip(need, min_variant)))
+            need = need._replace(random=need.random or need.filters)
         r, v = num_rows, self.vocab_size
         f: dict[str, np.ndarray] = {
             "temperature": np.ones(r, np.float32), "greedy": np.ones(r, np.bool_),

@@ -1,7 +1,8 @@
 """The sampler: logits [R, V] + SamplingMetadata -> token ids (+ raw logprobs), all on device.
 
 Order of operations follows vLLM's v1 Sampler:
-  raw logprobs (log_softmax of the model's logits, before anything else)
+  raw logprobs (log_softmax of the model's logits, before anything else; vLLM's default
+  logprobs_mode "raw_logprobs")
   -> allowed_token_ids mask -> bad words / min_tokens bans + logit_bias -> penalties
   -> greedy rows: argmax
   -> random rows: temperature -> min_p -> top-k -> top-p -> draw with the row's own key.
@@ -24,18 +25,14 @@ def apply_logits_processors(logits: jax.Array, md: SamplingMetadata) -> jax.Arra
                                md.frequency_penalty, md.repetition_penalty)
 
 
-def _sample_random(logits: jax.Array, md: SamplingMetadata) -> jax.Array:
+def _sample_random(logits: jax.Array, md: SamplingMetadata, filters: bool) -> jax.Array:
     x = logits / md.temperature[:, None]
     xmax = jnp.max(x, axis=-1)
     # min_p: keep p >= min_p * p_max  <=>  x >= x_max + log(min_p) (log(0) = -inf: no-op).
     x = jnp.where(x < (xmax + jnp.log(md.min_p))[:, None], -jnp.inf, x)
-    needs_filter = jnp.any((md.top_k > 0) | (md.top_p < 1.0))
-
-    def filtered(x):
+    if filters:
         t = ops.top_k_top_p_threshold(x, md.top_k, md.top_p, md.num_candidates)
-        return jnp.where(x < t[:, None], -jnp.inf, x)
-
-    x = jax.lax.cond(needs_filter, filtered, lambda x: x, x)
+        x = jnp.where(x < t[:, None], -jnp.inf, x)
     u = ops.row_uniforms(md.rng, md.step)
     return ops.categorical_inverse_cdf(x, xmax, u)
 
@@ -50,18 +47,18 @@ def sample(logits: jax.Array, md: SamplingMetadata,
         raise ValueError(f"variant {variant} does not match the metadata's {md.variant}")
     variant = md.variant
     logits = logits.astype(jnp.float32)
-    raw_logprobs = jax.nn.log_softmax(logits, axis=-1) if variant.logprobs else None
+    raw_logits = logits  # logprobs are of the model's distribution, before any processing
     if variant.processors:
         logits = apply_logits_processors(logits, md)
     greedy_ids = ops.fast_argmax(logits)
     if variant.random:
-        random_ids = _sample_random(logits, md)
+        random_ids = _sample_random(logits, md, variant.filters)
         token_ids = jnp.where(md.greedy, greedy_ids, random_ids)
     else:
         token_ids = greedy_ids
     out = SamplerOutput(sampled_token_ids=token_ids)
     if variant.logprobs:
-        ids, lps, ranks = ops.gather_logprobs(raw_logprobs, token_ids, md.max_logprobs)
+        ids, lps, ranks = ops.gather_logprobs(raw_logits, token_ids, md.max_logprobs)
         out = SamplerOutput(token_ids, ids, lps, ranks)
     return out
 
@@ -72,8 +69,7 @@ def compute_prompt_logprobs(logits: jax.Array, next_token_ids: jax.Array, k: int
     Returns (ids [P, 1+k], logprobs [P, 1+k], ranks [P]) with the actual next token first
     (vLLM's prompt_logprobs layout). `k` must be static (e.g. max_logprobs); slice per request.
     """
-    lp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    return ops.gather_logprobs(lp, next_token_ids.astype(jnp.int32), k)
+    return ops.gather_logprobs(logits, next_token_ids.astype(jnp.int32), k)
 
 
 # One jitted entry point for callers that do not fuse the sampler into a bigger program.

@@ -15,12 +15,13 @@ import anyio
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 import jaxlm
 from jaxlm.engine.arg_utils import EngineArgs
 from jaxlm.engine.async_llm_engine import AsyncLLMEngine
-from jaxlm.serve.errors import OpenAIError, error_json, install_error_handlers
+from jaxlm.serve.errors import OpenAIError, error_json, install_error_handlers, to_openai_error
 from jaxlm.serve.metrics import ServerMetrics
 from jaxlm.serve.protocol import (
     ChatCompletionRequest,
@@ -63,6 +64,23 @@ class SSEResponse(StreamingResponse):
             await self.body_iterator.aclose()  # type: ignore[attr-defined]
 
 
+class AuthenticationMiddleware:
+    """Bearer-token check on /v1/* (probes like /health and /metrics stay open). Plain ASGI, not
+    BaseHTTPMiddleware, so streamed responses and disconnect events pass through untouched."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] != "OPTIONS" and scope["path"].startswith("/v1"):
+            given = Headers(scope=scope).get("authorization", "").encode()
+            if not hmac.compare_digest(given, self.expected):
+                await error_json("Unauthorized: missing or invalid API key", 401)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 async def until_disconnected(request: Request, work: Awaitable[T]) -> T | None:
     """Runs a handler's work, cancelling it (and so aborting its engine requests) if the client
     disconnects first; returns None in that case."""
@@ -83,7 +101,12 @@ async def until_disconnected(request: Request, work: Awaitable[T]) -> T | None:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         return None
-    return task.result()
+    try:
+        return task.result()
+    except Exception as e:  # noqa: BLE001
+        # Known engine errors become OpenAIError here: Starlette re-raises what reaches its
+        # catch-all 500 handler, and uvicorn then drops the keep-alive connection.
+        raise to_openai_error(e) from e
 
 
 def _respond(result: Any) -> Response:
@@ -100,15 +123,7 @@ def build_app(args: argparse.Namespace) -> FastAPI:
     api_key = getattr(args, "api_key", None)
 
     if api_key:
-
-        @app.middleware("http")
-        async def authentication(request: Request, call_next: Any) -> Response:
-            # Only the OpenAI routes are guarded; /health and /metrics stay open for probes.
-            if request.method != "OPTIONS" and request.url.path.startswith("/v1"):
-                given = request.headers.get("Authorization", "")
-                if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-                    return error_json("Unauthorized: missing or invalid API key", 401)
-            return await call_next(request)
+        app.add_middleware(AuthenticationMiddleware, api_key=api_key)
 
     @app.get("/health")
     async def health(raw: Request) -> Response:

@@ -76,9 +76,8 @@ def _run_both(reqs, bs, hq, hkv, d, dtype, window, cap, max_query_len=None, seed
 
 
 @pytest.mark.parametrize("bs,hq,hkv,d,dtype,window,cap", [
-    (16, 8, 2, 64, jnp.float32, None, None),
     (32, 4, 1, 128, jnp.bfloat16, None, None),
-    (16, 8, 1, 64, jnp.float32, 7, 5.0),
+    (16, 8, 2, 64, jnp.float32, 7, 5.0),
 ])
 def test_mixed_batch_matches_xla(bs, hq, hkv, d, dtype, window, cap):
     # decode, fresh prefill, chunk after cached pages, page boundary decode, long + chunk
@@ -86,10 +85,9 @@ def test_mixed_batch_matches_xla(bs, hq, hkv, d, dtype, window, cap):
     _run_both(reqs, bs, hq, hkv, d, dtype, window, cap)
 
 
-@pytest.mark.parametrize("window", [None, 20])
-def test_decode_only_batch_matches_xla(window):
+def test_decode_only_batch_matches_xla():
     reqs = [(0, 1), (15, 1), (16, 1), (150, 1)]
-    _run_both(reqs, 16, 8, 2, 64, jnp.float32, window, None, max_query_len=1, seed=1)
+    _run_both(reqs, 16, 8, 2, 64, jnp.float32, 20, None, max_query_len=1, seed=1)
 
 
 def test_registry_and_interpret_choice():

@@ -18,12 +18,10 @@ f32, bf16 = jnp.float32, jnp.bfloat16
 # grid (page 16/32 x head_dim 64/128 x GQA 1/4/8 x f32/bf16), not the full product, since
 # each interpret-mode call costs seconds.
 DECODE_CASES = [
-    (16, 64, 2, 2, f32, 1, None, None),
-    (32, 128, 4, 1, bf16, 2, None, None),
-    (16, 128, 8, 1, f32, 4, None, None),
-    (32, 64, 8, 2, bf16, 2, None, 5.0),
-    (16, 64, 16, 2, f32, 2, 40, None),
-    (16, 128, 4, 1, bf16, 1, 40, 30.0),
+    (16, 64, 2, 2, f32, 1, None, None),  # MHA
+    (32, 128, 4, 1, bf16, 2, None, 5.0),  # MQA, group 4
+    (16, 128, 8, 1, f32, 4, 40, None),  # group 8, window crossing splits
+    (32, 64, 6, 2, bf16, 2, 40, 30.0),  # group 3 (padded to 4)
 ]
 
 
@@ -54,18 +52,17 @@ def _rows(bs):
     return [(37, 1), (0, 9), (bs, 5), (2 * bs - 3, 7), (6 * bs + 1, 3), (0, 1)]
 
 
+# + (block_q, num_splits)
 RAGGED_CASES = [
-    (16, 64, 2, 2, f32, None, None, 16),
-    (32, 128, 4, 1, bf16, None, None, 8),
-    (16, 128, 8, 1, bf16, None, None, 2),
-    (32, 64, 8, 2, f32, 7, None, 4),
-    (16, 64, 4, 2, f32, None, 5.0, 8),
-    (16, 64, 4, 1, bf16, 20, 30.0, 4),
+    (16, 64, 2, 2, f32, None, None, 16, 1),
+    (32, 128, 4, 1, bf16, None, 5.0, 8, 2),
+    (16, 128, 8, 1, bf16, 20, None, 2, 1),
+    (32, 64, 6, 2, f32, 7, 30.0, 4, 4),  # group 3 (padded to 4), tiny window
 ]
 
 
-@pytest.mark.parametrize("bs,d,hq,hkv,dtype,window,cap,block_q", RAGGED_CASES)
-def test_ragged_matches_reference(bs, d, hq, hkv, dtype, window, cap, block_q):
+@pytest.mark.parametrize("bs,d,hq,hkv,dtype,window,cap,block_q,splits", RAGGED_CASES)
+def test_ragged_matches_reference(bs, d, hq, hkv, dtype, window, cap, block_q, splits):
     rng = np.random.default_rng(bs * d + hq)
     rows = _rows(bs)
     pad_rows, pad_tokens = 2, 3
@@ -80,7 +77,7 @@ def test_ragged_matches_reference(bs, d, hq, hkv, dtype, window, cap, block_q):
     q = jnp.asarray(q, dtype)
     kw = dict(scale=d ** -0.5, sliding_window=window, logits_soft_cap=cap)
     out = ragged_paged_attention(q, cache, tables, ctx, qsl, pages_per_compute_block=2,
-                                 block_q=block_q, interpret=True, **kw)
+                                 block_q=block_q, num_splits=splits, interpret=True, **kw)
     ref = ragged_paged_reference(q, cache, tables, ctx, qsl, **kw)
     assert_close(out, ref, dtype, "ragged")
 

@@ -62,7 +62,7 @@ def write_gguf(hf_dir: str, out: str, cfg, quant: gguf.GGMLQuantizationType = gg
         if arr.ndim == 2 and quant != gguf.GGMLQuantizationType.F32:
             q = gguf.quants.quantize(stored, quant)
             w.add_tensor(gguf_name(name), q, raw_shape=q.shape, raw_dtype=quant)
-            deq = gguf.quants.dequantize(q, quant).reshape(stored.shape)
+            deq = gguf.quants.dequantize(q, quant).reshape(stored.shape).astype(np.float32)
         else:  # 1-D tensors (norms, biases) stay F32 as llama.cpp keeps them
             w.add_tensor(gguf_name(name), stored)
             deq = stored

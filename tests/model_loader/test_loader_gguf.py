@@ -16,7 +16,11 @@ from jaxlm.config import LoadConfig, ModelConfig
 from jaxlm.model_loader import CorruptCheckpointError, resolve_model_config
 from jaxlm.model_loader.gguf_utils import unpermute_qk
 
-F32, Q8_0 = gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.Q8_0
+_Q = gguf.GGMLQuantizationType
+F32, Q8_0 = _Q.F32, _Q.Q8_0
+# Max abs error vs the source weights, as a fraction of the tensor's max |w|: Q8_0 rounds to
+# 1/127 of a block's max (half a step: 1/254); the 4-bit types to about 1/15 of the block range.
+_TOL = {_Q.F32: 0.0, _Q.F16: 1e-3, _Q.BF16: 1e-2, _Q.Q8_0: 1 / 127, _Q.Q4_0: 1 / 7, _Q.Q4_1: 1 / 7, _Q.Q5_0: 1 / 15}
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +51,7 @@ def test_config_from_metadata(tiny_gguf):
     assert mc.dtype == "float32" and mc.max_model_len == cfg.max_position_embeddings
 
 
-@pytest.mark.parametrize("quant", [F32, Q8_0])
+@pytest.mark.parametrize("quant", list(_TOL), ids=lambda q: q.name)
 def test_llama_gguf_matches_reference(tiny_llama_dir, tmp_path, quant):
     cfg = transformers.AutoConfig.from_pretrained(tiny_llama_dir)
     path = str(tmp_path / f"tiny-{quant.name}.gguf")
@@ -56,9 +60,9 @@ def test_llama_gguf_matches_reference(tiny_llama_dir, tmp_path, quant):
     hf = hf_tensors(tiny_llama_dir)
     for name, want in ref.items():
         got = param_as_hf(model, name)
-        np.testing.assert_array_equal(got, want, err_msg=name)  # exactly the dequantized file
+        np.testing.assert_array_equal(got, want.astype(np.float32), err_msg=name)  # exactly the file's values
         # and the HF model it came from, within the quantization error (Q8_0: scale/2 per block)
-        tol = 0 if quant == F32 else np.abs(hf[name]).max() / 127
+        tol = _TOL[quant] * np.abs(hf[name]).max() if want.ndim == 2 else 0.0
         np.testing.assert_allclose(got, hf[name], atol=tol, rtol=0, err_msg=name)
 
 

@@ -71,3 +71,35 @@ def test_missing_param_and_not_orbax(orbax_dir, tmp_path, tiny_llama_dir):
     (bad / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(MissingWeightsError, match=rf"^{re.escape(str(bad))}: missing \d+ weight\(s\): model\.layers\.2\."):
         load(str(bad))
+
+
+_MESH_SCRIPT = r"""
+import os, sys
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+import jax, numpy as np
+from jax.sharding import Mesh
+from jaxlm.config import LoadConfig, ModelConfig
+from jaxlm.model_loader import get_model, resolve_model_config, save_orbax
+src, dst = sys.argv[1], sys.argv[2]
+mesh = Mesh(np.array(jax.devices()).reshape(1, 2), ("data", "model"))
+mc = resolve_model_config(ModelConfig(model=src), LoadConfig())
+m = get_model(mc, LoadConfig(), attn_backend=None, mesh=mesh)
+save_orbax(m, dst, mc.hf_config)
+m2 = get_model(resolve_model_config(ModelConfig(model=dst), LoadConfig()), LoadConfig(), attn_backend=None, mesh=mesh)
+for a, b in ((m.model.layers[0].self_attn.q_proj.weight[...], m2.model.layers[0].self_attn.q_proj.weight[...]),
+             (m.model.layers[1].mlp.down_proj.weight[...], m2.model.layers[1].mlp.down_proj.weight[...])):
+    assert b.sharding == a.sharding and len(b.sharding.device_set) == 2, (a.sharding, b.sharding)
+    assert np.array_equal(np.asarray(a), np.asarray(b))
+print("MESH_OK", m2.model.layers[0].self_attn.q_proj.weight[...].sharding.spec)
+"""
+
+
+def test_orbax_restores_into_mesh_sharding(tiny_llama_dir, tmp_path):
+    """Restore targets each Param's NamedSharding on the mesh (2 fake CPU devices, fresh process)."""
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run([sys.executable, "-c", _MESH_SCRIPT, tiny_llama_dir, str(tmp_path / "ckpt")],
+                         capture_output=True, text=True, cwd=root, env={**os.environ, "PYTHONPATH": root}, timeout=300)
+    assert "MESH_OK" in out.stdout, out.stderr[-3000:]

@@ -132,12 +132,14 @@ def test_malformed_burst_keeps_server_healthy(fake_server_factory):
 
 
 def test_disconnect_aborts_and_frees_blocks(fake_server_factory):
-    server = fake_server_factory(step_delay=0.005)
+    # With --api-key: the auth middleware must pass disconnects through.
+    server = fake_server_factory(["--api-key", "k"], step_delay=0.005)
     model = _model(server)
+    auth = {"Authorization": "Bearer k"}
 
     def start_and_drop(i: int) -> int:
         body = {"model": model, "prompt": f"drop {i}", "max_tokens": 10_000, "stream": True, "ignore_eos": True}
-        with httpx.Client(base_url=server.base, timeout=30) as http:
+        with httpx.Client(base_url=server.base, timeout=30, headers=auth) as http:
             with http.stream("POST", "/v1/completions", json=body) as r:
                 assert r.status_code == 200
                 for n, _ in enumerate(r.iter_lines()):
@@ -154,7 +156,7 @@ def test_disconnect_aborts_and_frees_blocks(fake_server_factory):
     # Non-streaming requests are aborted too when their client goes away.
     body = {"model": model, "prompt": "slow", "max_tokens": 10_000}
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(server.base + "/v1/completions", json=body, timeout=0.5)
+        httpx.post(server.base + "/v1/completions", json=body, timeout=0.5, headers=auth)
     assert wait_for(lambda: server.engine.get_num_unfinished_requests() == 0)
     assert wait_for(lambda: metric(server.metrics(), "vllm:num_requests_running") == 0)
 
