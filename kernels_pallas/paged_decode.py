@@ -64,10 +64,6 @@ def _decode_kernel(q_ref, k_ref, v_ref, bt_ref, rows_ref, lens_ref, o_ref, m_ref
     l_ref[...] = l
 
 
-def decode_grid(num_tokens: int, num_kv_heads: int, num_splits: int) -> tuple[int, int, int]:
-    return (num_tokens, num_kv_heads, num_splits)
-
-
 @functools.partial(jax.jit, static_argnames=(
     "scale", "sliding_window", "logits_soft_cap", "pages_per_compute_block", "num_splits",
     "num_warps", "num_stages", "interpret"))
@@ -115,7 +111,7 @@ def paged_decode_attention(
         (None, num_blocks, bs, None, D), lambda t, h, s: (which, 0, 0, h, 0))
     o, m, l = pl.pallas_call(
         kernel,
-        grid=decode_grid(T, Hkv, num_splits),
+        grid=(T, Hkv, num_splits),
         in_specs=[
             pl.BlockSpec((None, None, Gp, D), lambda t, h, s: (t, h, 0, 0)),
             kv_spec(0),

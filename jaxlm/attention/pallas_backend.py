@@ -10,13 +10,16 @@ in place), then (2) attention reading every key, old and new, in place from the 
     over tiles of ``block_q`` tokens of one row (also split-K when the bucket is small).
 
 Which one is a *static* choice: pass ``max_query_len=1`` (or give the metadata a static
-``max_query_len`` attribute) for decode-only buckets. Without the hint the ragged kernel runs,
-which is correct for every batch, decode included, and splits K for small buckets too, so
-the hint mostly saves the ragged tile's padded rows (decode kernel: 16-row tiles). Why a separate K/V write instead of a
-fused one: the write is T x Hkv x D x 2 elements (KBs) against a read of the whole context
-(MBs); a fused write would need the cache aliased as a kernel output and cross-program
-ordering (the program writing a page is not the one reading it under split-K / GQA tiles),
-for a saving of one tiny launch per layer. vLLM makes the same split (reshape_and_cache).
+``max_query_len`` attribute) for decode-only buckets. Without the hint the ragged kernel runs:
+correct for every batch, decode included, and split-K for small buckets too, so the hint
+mostly saves the ragged tiles' padded rows (decode tiles are 16 rows, ragged ones ~64).
+
+K/V write: a separate XLA scatter, not fused. It moves T x Hkv x D x 2 elements (KBs) against
+a read of the whole context (MBs); fusing needs the cache aliased as a kernel output plus
+ordering between programs (the program writing a page is not the one reading it under
+split-K), to save one small launch per layer. vLLM splits it the same way
+(reshape_and_cache). ``scripts/bench_kernels.py`` prints kernel vs. kernel+write so the
+next GPU session can see what fusing would buy.
 """
 
 from __future__ import annotations

@@ -101,6 +101,9 @@ def gguf_config_dict(reader: GGUFFile, path: str) -> dict[str, Any]:
         rope = {**rope, "rope_type": "linear", "factor": float(get("rope.scaling.factor"))}
     elif scaling not in (None, "none"):
         logger.warning("%s: rope scaling %r in GGUF metadata is ignored", path, scaling)
+    if "rope_freqs.weight" in tensor_names:
+        # Llama 3.1-style GGUFs carry the scaled rope frequencies as a tensor, not as metadata.
+        logger.warning("%s: rope_freqs tensor ignored; llama3 rope scaling is not reconstructed from GGUF", path)
     cfg["rope_parameters"] = rope
     head_dim = get("attention.key_length")
     if head_dim is not None:

@@ -34,7 +34,7 @@ def load_hf_config(path: str, load_format: str) -> Any:
     if not os.path.isfile(os.path.join(directory, "config.json")):
         raise NoWeightsError(directory, "no config.json next to the weights")
     try:
-        return AutoConfig.from_pretrained(directory)
+        return AutoConfig.from_pretrained(directory, local_files_only=True)
     except ValueError as e:  # unknown model_type, bad JSON
         raise CorruptCheckpointError(os.path.join(directory, "config.json"), str(e)) from e
 

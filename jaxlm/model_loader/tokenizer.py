@@ -33,10 +33,11 @@ def _cache_dir(gguf_path: str) -> str | None:
 def _gguf_tokenizer(gguf_path: str, **kwargs: Any) -> Any:
     from transformers import AutoTokenizer
 
-    cache = _cache_dir(gguf_path) if not kwargs else None
+    # Only the plain tokenizer is cached: other kwargs may change what is built.
+    cache = _cache_dir(gguf_path) if set(kwargs) <= {"local_files_only"} else None
     if cache and os.path.isfile(os.path.join(cache, "tokenizer.json")):
         try:
-            return AutoTokenizer.from_pretrained(cache)
+            return AutoTokenizer.from_pretrained(cache, **kwargs)
         except Exception as e:  # a damaged cache entry: rebuild it
             logger.warning("ignoring the cached tokenizer %s: %s", cache, e)
     logger.info("building the tokenizer from GGUF metadata of %s", gguf_path)
@@ -63,6 +64,7 @@ def get_tokenizer(model_config: ModelConfig, **kwargs: Any) -> Any:
     """
     from transformers import AutoTokenizer
 
+    kwargs.setdefault("local_files_only", True)  # never reach for the hub: paths are local
     path = model_config.tokenizer or model_config.model or default_model_path()
     path = os.path.expanduser(path)
     if not os.path.exists(path):

@@ -19,8 +19,10 @@ from jaxlm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
-_M32 = 0xFFFFFFFF
 _M64 = (1 << 64) - 1
+
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
 def _stable_hash64(text: str) -> int:
@@ -28,10 +30,27 @@ def _stable_hash64(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
 
 
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer: a bijective, well-mixing hash of uint64 values."""
+    with np.errstate(over="ignore"):
+        z = x + _GOLDEN
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+def row_uniforms(streams: np.ndarray, steps: np.ndarray) -> np.ndarray:
+    """The uniform in (0, 1] that row i uses at output position steps[i]: a pure function of
+    (stream, step), so a request draws the same numbers whatever batch it is in."""
+    with np.errstate(over="ignore"):
+        z = _mix64(streams.astype(np.uint64) ^ _mix64(steps.astype(np.uint64) * _GOLDEN))
+    return ((z >> np.uint64(40)).astype(np.float32) + 1.0) * np.float32(1.0 / (1 << 24))
+
+
 @dataclasses.dataclass
 class _ReqState:
     params: SamplingParams
-    rng: tuple[int, int, int]
+    stream: int  # 64-bit random stream id: from the seed, or engine seed + request id
     num_output: int = 0
     processors: bool = False
     # penalties: distinct prompt+output tokens and their output counts
@@ -115,14 +134,12 @@ class SamplingInputBuilder:
         """Register a request (again after preemption: pass the outputs so far)."""
         self.check_params(params)
         if params.seed is not None:
-            s = params.seed & _M64
-            rng = (s & _M32, s >> 32, 1)
+            stream = int(_mix64(np.array([params.seed & _M64], np.uint64))[0])
         else:
             # Engine seed mixed with the request id: distinct per request, and a preempted,
             # re-added request continues the same stream.
-            h = _stable_hash64(f"{self.engine_seed & _M64}:{req_id}")
-            rng = (h & _M32, h >> 32, 0)
-        st = _ReqState(params=params, rng=rng)
+            stream = _stable_hash64(f"engine:{self.engine_seed & _M64}:{req_id}")
+        st = _ReqState(params=params, stream=stream)
         st.has_penalties = (params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
                             or params.repetition_penalty != 1.0)
         if st.has_penalties:
@@ -219,8 +236,7 @@ class SamplingInputBuilder:
         f: dict[str, np.ndarray] = {
             "temperature": np.ones(r, np.float32), "greedy": np.ones(r, np.bool_),
             "top_k": np.zeros(r, np.int32), "top_p": np.ones(r, np.float32),
-            "min_p": np.zeros(r, np.float32), "rng": np.zeros((r, 3), np.uint32),
-            "step": np.zeros(r, np.int32)}
+            "min_p": np.zeros(r, np.float32), "uniform": np.ones(r, np.float32)}
         if n:
             greedy = np.array([s.params.greedy for s in states], np.bool_)
             f["greedy"][:n] = greedy
@@ -229,8 +245,8 @@ class SamplingInputBuilder:
             f["top_k"][:n] = np.where(greedy, 0, [s.params.top_k for s in states])
             f["top_p"][:n] = np.where(greedy, 1.0, [s.params.top_p for s in states])
             f["min_p"][:n] = np.where(greedy, 0.0, [s.params.min_p for s in states])
-            f["rng"][:n] = [s.rng for s in states]
-            f["step"][:n] = [s.num_output for s in states]
+            f["uniform"][:n] = row_uniforms(np.array([s.stream for s in states], np.uint64),
+                                            np.array([s.num_output for s in states], np.uint64))
         if need.processors:
             self._fill_processors(f, states, r, v)
         return HostArrays(f, need, self.max_logprobs, self.num_candidates)

@@ -47,8 +47,10 @@ class SamplingMetadata:
     top_k: jax.Array  # int32; 0 = off
     top_p: jax.Array  # float32; 1.0 = off
     min_p: jax.Array  # float32; 0.0 = off
-    rng: jax.Array  # [R, 3] uint32: seed low word, high word, domain (1 seeded, 0 engine seed)
-    step: jax.Array  # int32: output tokens so far (randomness = f(seed, step))
+    # float32 in (0, 1]: this step's random number for the row, a hash of (the request's seed
+    # or engine seed + request id, number of output tokens so far), made on the host. A PRNG on
+    # device (threefry) brings while loops, which slow XLA:CPU's whole program ~5x.
+    uniform: jax.Array
     # ---- present when variant.processors, else None
     presence_penalty: jax.Array | None = None  # [R] float32
     frequency_penalty: jax.Array | None = None  # [R] float32

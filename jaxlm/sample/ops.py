@@ -4,8 +4,8 @@ A full sort of [R, V] logits is the usual way to apply top-k/top-p, but XLA's CP
 ~0.75 s for 64 x 49152. Everything here is formulated as reductions instead:
 - argmax as max + first-index-of-max (XLA CPU's variadic argmax reduce is ~3x slower),
 - top-k / top-p as a per-row *threshold* read off the C largest values (lax.top_k),
-- categorical draws by inverse CDF over 128-wide blocks: one uniform per row instead of V
-  Gumbel numbers, so the randomness of a row depends only on its own key.
+- categorical draws by inverse CDF over 128-wide blocks: one uniform per row (made on the
+  host from the row's seed and step) instead of V Gumbel numbers.
 """
 
 from __future__ import annotations
@@ -108,18 +108,6 @@ def top_k_top_p_threshold(x: jax.Array, top_k: jax.Array, top_p: jax.Array,
 
 
 # ---------------------------------------------------------------- random draw
-
-
-def row_uniforms(rng: jax.Array, step: jax.Array) -> jax.Array:
-    """One uniform in (0, 1] per row from (seed words, output count): independent of the batch."""
-    def one(words, s):
-        key = jax.random.key(0)
-        for i in range(words.shape[0]):
-            key = jax.random.fold_in(key, words[i])
-        key = jax.random.fold_in(key, s)
-        return 1.0 - jax.random.uniform(key, (), jnp.float32)
-
-    return jax.vmap(one)(rng, step)
 
 
 def categorical_inverse_cdf(x: jax.Array, xmax: jax.Array, u: jax.Array) -> jax.Array:

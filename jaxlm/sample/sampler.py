@@ -33,8 +33,7 @@ def _sample_random(logits: jax.Array, md: SamplingMetadata, filters: bool) -> ja
     if filters:
         t = ops.top_k_top_p_threshold(x, md.top_k, md.top_p, md.num_candidates)
         x = jnp.where(x < t[:, None], -jnp.inf, x)
-    u = ops.row_uniforms(md.rng, md.step)
-    return ops.categorical_inverse_cdf(x, xmax, u)
+    return ops.categorical_inverse_cdf(x, xmax, md.uniform)
 
 
 def sample(logits: jax.Array, md: SamplingMetadata,

@@ -95,6 +95,9 @@ async def until_disconnected(request: Request, work: Awaitable[T]) -> T | None:
     watcher = asyncio.ensure_future(watch())
     try:
         await asyncio.wait([task, watcher], return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:  # e.g. the shutdown timeout: abort the work too
+        task.cancel()
+        raise
     finally:
         watcher.cancel()
     if not task.done():

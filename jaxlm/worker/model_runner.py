@@ -34,18 +34,23 @@ from jaxlm.worker.input_batch import InputBatch, StepInputs
 
 logger = logging.getLogger(__name__)
 
-# The sampler programs compiled per sequence bucket. A batch runs the cheapest one that covers
-# what it needs; the extra parts are neutral for rows that don't use them.
-_GREEDY = SamplerVariant(random=False, processors=False, logprobs=False)
-_RANDOM = SamplerVariant(random=True, processors=False, logprobs=False)
-_FULL = SamplerVariant(random=True, processors=True, logprobs=True)
-RUNNER_VARIANTS = (_GREEDY, _RANDOM, _FULL)
+# The sampler programs compiled per sequence bucket: a batch runs the cheapest one that covers
+# what it needs (the extra parts are neutral for rows that don't use them), so the count stays
+# 4 per bucket instead of every combination of the sampler's flags.
+_GREEDY = SamplerVariant()
+_RANDOM = SamplerVariant(random=True)
+_RANDOM_FILTERED = SamplerVariant(random=True, filters=True)
+_FULL = SamplerVariant(*([True] * len(SamplerVariant._fields)))
+RUNNER_VARIANTS = (_GREEDY, _RANDOM, _RANDOM_FILTERED, _FULL)
 
 
 def _cover(need: SamplerVariant) -> SamplerVariant:
     if need.processors or need.logprobs:
         return _FULL
-    return _RANDOM if need.random else _GREEDY
+    if need.random:
+        return _RANDOM_FILTERED if need.filters else _RANDOM
+    return _GREEDY
+
 
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 

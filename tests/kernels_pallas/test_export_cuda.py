@@ -65,10 +65,14 @@ def test_backend_lowers_for_cuda(d, bs, hq, hkv, dtype, window, cap, decode):
     assert exp.platforms == ("cuda",)
 
 
-@pytest.mark.parametrize("T", [1, 64])
-def test_decode_batch_sizes_lower(T):
-    # batch 1 uses the most splits, a big batch none: both programs must lower
+@pytest.mark.parametrize("decode", [True, False], ids=["decode", "mixed"])
+@pytest.mark.parametrize("T", [1, 16, 64, 1024])
+def test_bucket_sizes_lower(T, decode):
+    # small buckets use split-K (up to max_num_splits), big ones none: all must lower
     c = PallasConstraints.for_cache(16, 128)
     P = c.round_pages(2048 // 16)
-    fn = functools.partial(PallasBackend(), scale=0.1, max_query_len=1)
-    export_cuda(fn, *_specs(T, T, P, 32, 8, 128, 16, jnp.bfloat16))
+    R = min(T, 256)
+    tiles = T if decode else min(T, T // c.block_q(32, 8) + R)
+    assert (c.num_splits(tiles, 8, P) > 1) == (T <= 16)
+    fn = functools.partial(PallasBackend(), scale=0.1, max_query_len=1 if decode else None)
+    export_cuda(fn, *_specs(T, R, P, 32, 8, 128, 16, jnp.bfloat16))

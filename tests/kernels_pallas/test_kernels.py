@@ -13,6 +13,8 @@ from kernels_pallas.reference import (
 from kp_helpers import assert_close, paged_cache
 
 f32, bf16 = jnp.float32, jnp.bfloat16
+# What unused cache slots hold: NaN, or inf (0 * inf is NaN too), must never reach outputs.
+GARBAGE = {f32: np.nan, bf16: np.inf}
 
 # (block_size, head_dim, Hq, Hkv, dtype, num_splits, window, softcap): a covering set of the
 # grid (page 16/32 x head_dim 64/128 x GQA 1/4/8 x f32/bf16), not the full product, since
@@ -31,7 +33,7 @@ def test_decode_matches_reference(bs, d, hq, hkv, dtype, splits, window, cap):
     # context 1, exactly one / two pages, a page + 1, long (many blocks, crosses splits)
     lens = [1, bs, 2 * bs, bs + 1, 9 * bs + 3]
     pages = 12
-    cache, tables = paged_cache(rng, lens, bs, hkv, d, dtype, pages)
+    cache, tables = paged_cache(rng, lens, bs, hkv, d, dtype, pages, garbage=GARBAGE[dtype])
     T = len(lens) + 1  # + one padding token (kv_len 0) with huge q
     q = rng.standard_normal((T, hq, d)).astype(np.float32)
     q[-1] = 1e4
@@ -67,7 +69,7 @@ def test_ragged_matches_reference(bs, d, hq, hkv, dtype, window, cap, block_q, s
     rows = _rows(bs)
     pad_rows, pad_tokens = 2, 3
     seq = [c + n for c, n in rows] + [0] * pad_rows
-    cache, tables = paged_cache(rng, seq, bs, hkv, d, dtype, 8)
+    cache, tables = paged_cache(rng, seq, bs, hkv, d, dtype, 8, garbage=GARBAGE[dtype])
     qlens = [n for _, n in rows] + [0] * pad_rows
     qsl = jnp.asarray(np.concatenate([[0], np.cumsum(qlens)]), jnp.int32)
     ctx = jnp.asarray([c for c, _ in rows] + [0] * pad_rows, jnp.int32)

