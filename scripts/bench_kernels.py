@@ -12,7 +12,10 @@ Decode attention is memory bound, so %peak is the figure of merit.
 Columns:
   ours      kernels_pallas.paged_decode_attention (attention only, cache layout
             [2, num_blocks, block_size, Hkv, D], split-K from PallasConstraints)
-  ours+wr   jaxlm's pallas backend, i.e. K/V scatter of the new token + the kernel
+  ours+wr   jaxlm's pallas backend with the decode hint (max_query_len=1): K/V scatter of
+            the new token + the decode kernel
+  ragged    the same backend without the hint (what a runner that does not pass it gets):
+            K/V scatter + the ragged prefill/mixed kernel
   jax-pl    jax.experimental.pallas.ops.gpu.paged_attention.paged_attention (layout
             [Hkv, pages, page_size, D], block_h=16, k_splits=min(16, pages))
   xla       jaxlm.attention.xla_backend.paged_attention_xla (includes its K/V scatter)
@@ -103,6 +106,8 @@ def run_shape(B, ctx, args, dtype, peak) -> dict:
     backend = PallasBackend(interpret=args.interpret)
     ours_wr = jax.jit(lambda q, k, v, cache, md: backend(
         q, k, v, cache, md, scale=scale, max_query_len=1), donate_argnums=(3,))
+    ragged = jax.jit(lambda q, k, v, cache, md: backend(q, k, v, cache, md, scale=scale),
+                     donate_argnums=(3,))
     xla = jax.jit(lambda q, k, v, cache, md: paged_attention_xla(q, k, v, cache, md, scale=scale),
                   donate_argnums=(3,))
 
@@ -129,6 +134,7 @@ def run_shape(B, ctx, args, dtype, peak) -> dict:
         return call
 
     row["ours+wr"] = bench(donated(ours_wr), iters=args.iters)
+    row["ragged"] = bench(donated(ragged), iters=args.iters)
     row["xla"] = bench(donated(xla), iters=args.iters)
     row["jax-pl"] = bench_bundled(q, cache, md, ctx, bs, args.iters, args.interpret)
     return row
@@ -174,6 +180,7 @@ def main() -> int:
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--peak-gbps", type=float, default=None, help="override the HBM peak")
+    p.add_argument("--json", default=None, help="also write the rows (seconds) to this file")
     p.add_argument("--interpret", action="store_true",
                    help="smoke-test this script on CPU (interpret mode; timings meaningless)")
     args = p.parse_args()
@@ -193,14 +200,21 @@ def main() -> int:
     print(f"device: {kind}  peak HBM: {peak or 'unknown (use --peak-gbps)'} GB/s  "
           f"jax {jax.__version__}  Hq={args.num_heads} Hkv={args.num_kv_heads} "
           f"D={args.head_dim} page={args.block_size} {args.dtype}")
-    cols = ["ours", "ours+wr", "jax-pl", "xla"]
+    cols = ["ours", "ours+wr", "ragged", "jax-pl", "xla"]
     print(f"{'B':>3} {'ctx':>5} {'S':>2} {'KV MB':>7} {'maxerr':>7} | "
           + " | ".join(f"{c:^22}" for c in cols))
+    rows = []
     for B in args.batch:
         for ctx in args.context:
             r = run_shape(B, ctx, args, dtype, peak)
+            rows.append(r)
             print(f"{B:>3} {ctx:>5} {r['splits']:>2} {r['mb']:7.1f} {r['err']:7.1e} | "
                   + " | ".join(fmt(r[c], r["mb"], peak) for c in cols), flush=True)
+    if args.json:
+        import json
+        with open(args.json, "w") as f:
+            json.dump(dict(device=kind, peak_gbps=peak, jax=jax.__version__, args=vars(args),
+                           rows=rows), f, indent=1)
     return 0
 
 

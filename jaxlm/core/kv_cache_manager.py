@@ -65,6 +65,9 @@ class KVCacheManager:
         """
         if not self.enable_caching:
             return [], 0
+        params = request.sampling_params
+        if params is not None and params.prompt_logprobs is not None:
+            return [], 0  # every prompt position must be computed to get its logprobs (vLLM too)
         max_blocks = (request.num_tokens - 1) // self.block_size
         computed: list[KVCacheBlock] = []
         for block_hash in self._block_hashes(request, max_blocks)[:max_blocks]:

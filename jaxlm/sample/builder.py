@@ -23,6 +23,7 @@ _M64 = (1 << 64) - 1
 
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIN_UNIFORM = np.float32(1.0 / (1 << 24))  # smallest value row_uniforms returns
 
 
 def _stable_hash64(text: str) -> int:
@@ -236,7 +237,7 @@ class SamplingInputBuilder:
         f: dict[str, np.ndarray] = {
             "temperature": np.ones(r, np.float32), "greedy": np.ones(r, np.bool_),
             "top_k": np.zeros(r, np.int32), "top_p": np.ones(r, np.float32),
-            "min_p": np.zeros(r, np.float32), "uniform": np.ones(r, np.float32)}
+            "min_p": np.ones(r, np.float32), "uniform": np.full(r, _MIN_UNIFORM, np.float32)}
         if n:
             greedy = np.array([s.params.greedy for s in states], np.bool_)
             f["greedy"][:n] = greedy
@@ -244,9 +245,13 @@ class SamplingInputBuilder:
             # Greedy rows skip the filters entirely (vLLM resets them for temperature 0 too).
             f["top_k"][:n] = np.where(greedy, 0, [s.params.top_k for s in states])
             f["top_p"][:n] = np.where(greedy, 1.0, [s.params.top_p for s in states])
-            f["min_p"][:n] = np.where(greedy, 0.0, [s.params.min_p for s in states])
-            f["uniform"][:n] = row_uniforms(np.array([s.stream for s in states], np.uint64),
-                                            np.array([s.num_output for s in states], np.uint64))
+            # In a random batch greedy rows go through the draw too, as min_p = 1 (only the max
+            # survives) with the smallest uniform (the first max: jnp.argmax's tie rule). One
+            # separate argmax pass in the same program costs XLA:CPU ~4x at 64 x 49152.
+            f["min_p"][:n] = np.where(greedy, 1.0, [s.params.min_p for s in states])
+            u = row_uniforms(np.array([s.stream for s in states], np.uint64),
+                             np.array([s.num_output for s in states], np.uint64))
+            f["uniform"][:n] = np.where(greedy, _MIN_UNIFORM, u)
         if need.processors:
             self._fill_processors(f, states, r, v)
         return HostArrays(f, need, self.max_logprobs, self.num_candidates)

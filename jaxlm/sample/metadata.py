@@ -43,10 +43,10 @@ ALL_VARIANTS: tuple[SamplerVariant, ...] = tuple(
 class SamplingMetadata:
     # ---- always present, [R]
     temperature: jax.Array  # float32; 1.0 on greedy and padding rows (never divides by 0)
-    greedy: jax.Array  # bool
+    greedy: jax.Array  # bool (informational: greedy rows are encoded by min_p/uniform)
     top_k: jax.Array  # int32; 0 = off
     top_p: jax.Array  # float32; 1.0 = off
-    min_p: jax.Array  # float32; 0.0 = off
+    min_p: jax.Array  # float32; 0.0 = off; 1.0 on greedy and padding rows
     # float32 in (0, 1]: this step's random number for the row, a hash of (the request's seed
     # or engine seed + request id, number of output tokens so far), made on the host. A PRNG on
     # device (threefry) brings while loops, which slow XLA:CPU's whole program ~5x.

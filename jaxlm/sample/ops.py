@@ -154,3 +154,19 @@ def gather_logprobs(logits: jax.Array, token_ids: jax.Array, k: int):
     else:
         ids, lps = token_ids[:, None], tok_logit - lse
     return ids.astype(jnp.int32), lps, ranks
+
+
+def greedy_with_logprobs(logits: jax.Array, k: int):
+    """Greedy tokens + their raw logprobs from one top-k (rank is 1 by construction)."""
+    from jaxlm.sample.metadata import SamplerOutput
+
+    logits = logits.astype(jnp.float32)
+    m = jnp.max(logits, axis=-1, keepdims=True)
+    lse = _materialize(m + jnp.log(jnp.sum(jnp.exp(logits - m), axis=-1, keepdims=True)))
+    top_logit, top_ids = _materialize(jax.lax.top_k(logits, k))
+    tok = top_ids[:, 0].astype(jnp.int32)
+    ids = jnp.concatenate([tok[:, None], top_ids.astype(jnp.int32)], axis=1)
+    lps = jnp.concatenate([top_logit[:, :1], top_logit], axis=1) - lse
+    # vLLM's rank counts ties (>=); a tie at the max is measure-zero for real logits.
+    ranks = jnp.sum(logits >= top_logit[:, :1], axis=-1).astype(jnp.int32)
+    return SamplerOutput(tok, ids, lps, ranks)

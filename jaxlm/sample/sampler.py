@@ -4,8 +4,9 @@ Order of operations follows vLLM's v1 Sampler:
   raw logprobs (log_softmax of the model's logits, before anything else; vLLM's default
   logprobs_mode "raw_logprobs")
   -> allowed_token_ids mask -> bad words / min_tokens bans + logit_bias -> penalties
-  -> greedy rows: argmax
-  -> random rows: temperature -> min_p -> top-k -> top-p -> draw with the row's own key.
+  -> all rows greedy: argmax
+  -> else: temperature -> min_p -> top-k -> top-p -> inverse-CDF draw with the row's uniform
+     (greedy rows in such a batch: temperature 1, min_p 1, smallest uniform = their argmax).
 """
 
 from __future__ import annotations
@@ -49,17 +50,19 @@ def sample(logits: jax.Array, md: SamplingMetadata,
     raw_logits = logits  # logprobs are of the model's distribution, before any processing
     if variant.processors:
         logits = apply_logits_processors(logits, md)
-    greedy_ids = ops.fast_argmax(logits)
     if variant.random:
-        random_ids = _sample_random(logits, md, variant.filters)
-        token_ids = jnp.where(md.greedy, greedy_ids, random_ids)
+        # Greedy rows come as min_p = 1 + the smallest uniform: the draw is their argmax.
+        token_ids = _sample_random(logits, md, variant.filters)
+    elif variant.logprobs and not variant.processors and md.max_logprobs > 0:
+        # Unprocessed greedy: the argmax is the first of the raw top-k (lax.top_k breaks ties
+        # by lower index, like argmax), so skip a pass over the logits.
+        return ops.greedy_with_logprobs(raw_logits, md.max_logprobs)
     else:
-        token_ids = greedy_ids
-    out = SamplerOutput(sampled_token_ids=token_ids)
-    if variant.logprobs:
-        ids, lps, ranks = ops.gather_logprobs(raw_logits, token_ids, md.max_logprobs)
-        out = SamplerOutput(token_ids, ids, lps, ranks)
-    return out
+        token_ids = ops.fast_argmax(logits)
+    if not variant.logprobs:
+        return SamplerOutput(sampled_token_ids=token_ids)
+    ids, lps, ranks = ops.gather_logprobs(raw_logits, token_ids, md.max_logprobs)
+    return SamplerOutput(token_ids, ids, lps, ranks)
 
 
 def compute_prompt_logprobs(logits: jax.Array, next_token_ids: jax.Array, k: int):

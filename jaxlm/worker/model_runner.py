@@ -1,10 +1,11 @@
 """ModelRunner: scheduler output -> padded device inputs -> compiled steps -> sampled tokens.
 
-Two kinds of compiled programs, so their count is a sum of bucket list lengths:
+Three kinds of compiled programs, so their count is a sum of bucket list lengths:
   * body[T]: the model over a flat batch padded to T tokens; writes the paged KV cache
     (donated) and gathers the hidden state of each sampling request's last token into a
     fixed-size [S_cap, H] buffer;
-  * sample[S, variant]: logits of the first S rows of that buffer + the sampler.
+  * sample[S, variant]: logits of the first S rows of that buffer + the sampler;
+  * prompt_logprobs[T]: logits + logprobs of every position (only run when asked for).
 Every program is compiled ahead of time at warm-up; serving only calls compiled executables,
 so a shape outside the buckets can never trigger a silent compile.
 """
@@ -28,7 +29,7 @@ from jaxlm.core.outputs import LogprobsLists, ModelRunnerOutput
 from jaxlm.core.sched_output import SchedulerOutput
 from jaxlm.sample.builder import SamplingInputBuilder
 from jaxlm.sample.metadata import SamplerVariant
-from jaxlm.sample.sampler import sample
+from jaxlm.sample.sampler import compute_prompt_logprobs, sample
 from jaxlm.worker.buckets import pick_bucket, powers_of_two_up_to, validate_buckets
 from jaxlm.worker.input_batch import InputBatch, StepInputs
 
@@ -98,6 +99,9 @@ class ModelRunner:
             self.vocab_size, sched.max_model_len, engine_seed=config.model_config.seed)
         self.kv_caches: list[jax.Array] | None = None
         self._body: dict[int, Any] = {}
+        self._prompt_lp: dict[int, Any] = {}
+        # req_id -> prompt_logprobs asked for, while its prompt is being computed.
+        self._prompt_lp_reqs: dict[str, int] = {}
         self._sample: dict[tuple[int, Any], Any] = {}
         self.num_programs = 0
         self.warmup_seconds = 0.0
@@ -138,7 +142,7 @@ class ModelRunner:
         def body(params, kv_caches, input_ids, positions, md, logits_indices):
             model = nnx.merge(graphdef, params)
             hidden, kv_caches = model(input_ids, positions, kv_caches, md)
-            return hidden[logits_indices], kv_caches
+            return hidden[logits_indices], hidden, kv_caches
 
         return body
 
@@ -151,6 +155,15 @@ class ModelRunner:
             return sample(logits, sampling_md)
 
         return logits_and_sample
+
+    def _prompt_logprobs_fn(self) -> Callable:
+        graphdef, k = self.graphdef, self.sampling.max_logprobs
+
+        def prompt_logprobs(params, hidden, next_token_ids):
+            model = nnx.merge(graphdef, params)
+            return compute_prompt_logprobs(model.compute_logits(hidden), next_token_ids, k)
+
+        return prompt_logprobs
 
     def _abstract_step_inputs(self, T: int):
         R = self._rows_for(T)
@@ -168,19 +181,23 @@ class ModelRunner:
         kv_spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), self.kv_caches)
         params_spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), self.params)
         body_jit = jax.jit(self._body_fn(), donate_argnums=(1,))
-        hidden_dtype = jax.eval_shape(
-            body_jit, params_spec, kv_spec, *self._abstract_step_inputs(self.token_buckets[0])
-        )[0]
+        hidden_sel, hidden_all, _ = jax.eval_shape(
+            body_jit, params_spec, kv_spec, *self._abstract_step_inputs(self.token_buckets[0]))
         jobs = [("body", T, None) for T in self.token_buckets]
+        jobs += [("prompt_logprobs", T, None) for T in self.token_buckets]
         jobs += [("sample", S, v) for S in self.seq_buckets for v in RUNNER_VARIANTS]
         for kind, size, variant in tqdm(jobs, desc="Compiling buckets", unit="program"):
             if kind == "body":
                 self._body[size] = body_jit.lower(params_spec, kv_spec, *self._abstract_step_inputs(size)).compile()
+            elif kind == "prompt_logprobs":
+                hidden = jax.ShapeDtypeStruct((size, hidden_all.shape[1]), hidden_all.dtype)
+                ids = jax.ShapeDtypeStruct((size,), jnp.int32)
+                self._prompt_lp[size] = jax.jit(self._prompt_logprobs_fn()).lower(params_spec, hidden, ids).compile()
             else:
                 md_spec = self.sampling.dummy_metadata(size, variant)
                 fn = jax.jit(self._sample_fn(size, variant))
-                self._sample[(size, variant)] = fn.lower(params_spec, hidden_dtype, md_spec).compile()
-        self.num_programs = len(self._body) + len(self._sample)
+                self._sample[(size, variant)] = fn.lower(params_spec, hidden_sel, md_spec).compile()
+        self.num_programs = len(self._body) + len(self._prompt_lp) + len(self._sample)
         self.warmup_seconds = time.perf_counter() - start
         logger.info("Compiled %d programs in %.1f s", self.num_programs, self.warmup_seconds)
 
@@ -196,9 +213,12 @@ class ModelRunner:
     def _execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
         for req_id in self.input_batch.update_states(so):
             self.sampling.remove_request(req_id)
+            self._prompt_lp_reqs.pop(req_id, None)
         for new in so.scheduled_new_reqs:
             self.sampling.remove_request(new.req_id)
             self.sampling.add_request(new.req_id, new.sampling_params, new.prompt_token_ids, new.output_token_ids)
+            if new.sampling_params.prompt_logprobs is not None and not new.output_token_ids:
+                self._prompt_lp_reqs[new.req_id] = new.sampling_params.prompt_logprobs
         if so.total_num_scheduled_tokens == 0:
             return ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
 
@@ -206,7 +226,9 @@ class ModelRunner:
         inputs = self.input_batch.prepare_inputs(so, T, self._rows_for(T), self.sample_capacity)
         self.num_real_tokens += inputs.num_tokens
         self.num_padded_tokens += T
-        hidden, self.kv_caches = self._body[T](self.params, self.kv_caches, *self._device_inputs(inputs))
+        hidden, hidden_all, self.kv_caches = self._body[T](
+            self.params, self.kv_caches, *self._device_inputs(inputs))
+        prompt_logprobs = self._prompt_logprobs(inputs, hidden_all, T) if self._prompt_lp_reqs else {}
 
         sampled: dict[str, int] = {}
         logprobs = None
@@ -227,7 +249,31 @@ class ModelRunner:
             req_ids=inputs.req_ids,
             sampled_token_ids=[[sampled[r]] if r in sampled else [] for r in inputs.req_ids],
             logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
         )
+
+    def _prompt_logprobs(self, inputs: StepInputs, hidden_all: jax.Array, T: int) -> dict[str, LogprobsLists]:
+        """Logprobs of the prompt tokens computed this step (position p predicts token p + 1)."""
+        batch = self.input_batch
+        wanted = [(i, r) for i, r in enumerate(inputs.req_ids) if r in self._prompt_lp_reqs]
+        if not wanted:
+            return {}
+        rows = np.array([batch.req_id_to_row[r] for r in inputs.req_ids])[inputs.token_to_req[: inputs.num_tokens]]
+        next_pos = np.minimum(inputs.positions[: inputs.num_tokens] + 1, batch.max_model_len - 1)
+        next_ids = np.zeros(T, np.int32)
+        next_ids[: inputs.num_tokens] = batch.token_ids[rows, next_pos]
+        ids, lps, ranks = (np.asarray(a) for a in self._prompt_lp[T](self.params, hidden_all, jax.device_put(next_ids)))
+        out = {}
+        for i, req_id in wanted:
+            start, stop = inputs.query_start_loc[i], inputs.query_start_loc[i + 1]
+            row = batch.req_id_to_row[req_id]
+            first_pos = inputs.positions[start]
+            # Only positions whose next token is still part of the prompt.
+            n = max(0, min(stop - start, batch.num_prompt_tokens[row] - 1 - first_pos))
+            out[req_id] = LogprobsLists(ids[start:start + n], lps[start:start + n], ranks[start:start + n])
+            if first_pos + (stop - start) >= batch.num_prompt_tokens[row]:
+                del self._prompt_lp_reqs[req_id]  # the prompt is done
+        return out
 
     @staticmethod
     def _logprobs_rows(inputs: StepInputs, out: Any, n: int) -> LogprobsLists:

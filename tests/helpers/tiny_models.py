@@ -38,10 +38,15 @@ _TINY_COMMON: dict[str, Any] = dict(
 )
 
 
-def _build(config: transformers.PretrainedConfig, path: str | os.PathLike, seed: int, with_tokenizer: bool) -> str:
+def _build(
+    config: transformers.PretrainedConfig, path: str | os.PathLike, seed: int, with_tokenizer: bool | None
+) -> str:
     path = str(path)
-    if with_tokenizer and config.vocab_size < BYTE_OFFSET + 256:
+    fits = config.vocab_size >= BYTE_OFFSET + 256
+    if with_tokenizer and not fits:
         raise ValueError(f"vocab_size {config.vocab_size} too small for the byte tokenizer (needs 259)")
+    if with_tokenizer is None:
+        with_tokenizer = fits  # default: a tokenizer whenever the vocab can hold one
     torch.manual_seed(seed)
     config.architectures = None  # set by save_pretrained from the class
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -112,7 +117,7 @@ def tiny_config(family: str, **overrides: Any) -> transformers.PretrainedConfig:
 
 
 def make_tiny_model(
-    family: str, path: str | os.PathLike, *, seed: int = 0, with_tokenizer: bool = True, **overrides: Any
+    family: str, path: str | os.PathLike, *, seed: int = 0, with_tokenizer: bool | None = None, **overrides: Any
 ) -> str:
     return _build(tiny_config(family, **overrides), path, seed, with_tokenizer)
 

@@ -108,3 +108,24 @@ def test_lean_reader_matches_gguf_package():
         assert mine.qtype == int(theirs.tensor_type) and mine.offset == theirs.data_offset
         want = gguf.quants.dequantize(theirs.data, theirs.tensor_type).reshape(mine.shape)
         np.testing.assert_array_equal(_tensor_array(ours, mine), want, err_msg=mine.name)
+
+
+@needs_default
+def test_gguf_tokenizer_built_without_torch_matches_transformers(tmp_path, monkeypatch):
+    """Our torch-free GGUF tokenizer equals AutoTokenizer(gguf_file=...) and is cached."""
+    from transformers import AutoTokenizer
+
+    monkeypatch.setenv("JAXLM_CACHE_DIR", str(tmp_path))
+    path = default_model_path()
+    ours = get_tokenizer(ModelConfig(model=path))
+    ref = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+    for text in ["The capital of France is", " héllo  wörld\n\tüñï 123 <|im_start|>user", ""]:
+        assert ours(text)["input_ids"] == ref(text)["input_ids"], text
+    assert ours.special_tokens_map == ref.special_tokens_map and ours.all_special_ids == ref.all_special_ids
+    msgs = [{"role": "user", "content": "hi"}]
+    assert ours.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True) == \
+        ref.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    assert os.listdir(tmp_path / "tokenizers")  # cached: the next engine start loads tokenizer.json
+    again = get_tokenizer(ModelConfig(model=path))
+    assert again("The capital of France is")["input_ids"] == ref("The capital of France is")["input_ids"]
+    assert again.chat_template == ref.chat_template

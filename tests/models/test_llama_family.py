@@ -27,6 +27,11 @@ CASES = {
     "mistral_sliding_window": (tm.make_tiny_mistral, {}, None),
     "mistral_sliding_window_chunked": (tm.make_tiny_mistral, dict(sliding_window=6), 5),
     "qwen2_qkv_bias": (tm.make_tiny_qwen2, {}, None),
+    "qwen2_sliding_window_upper_layers": (
+        tm.make_tiny_qwen2,
+        dict(use_sliding_window=True, sliding_window=6, max_window_layers=1),
+        None,
+    ),
     "qwen2_tied": (tm.make_tiny_qwen2, dict(tie_word_embeddings=True, num_key_value_heads=1), None),
     "qwen3_qk_norm_head_dim": (tm.make_tiny_qwen3, {}, None),
     "qwen3_tied": (tm.make_tiny_qwen3, dict(tie_word_embeddings=True), None),

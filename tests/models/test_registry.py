@@ -9,7 +9,6 @@ import types
 
 import pytest
 
-from jaxlm.models import registry
 from jaxlm.models.registry import ModelRegistry, get_model_architecture
 
 BUILTIN = {

@@ -8,7 +8,6 @@ import sys
 import textwrap
 
 import jax.numpy as jnp
-import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 

@@ -32,3 +32,12 @@ def test_same_seed_same_weights(tmp_path) -> None:
     b = load_file(os.path.join(tm.make_tiny_gpt2(tmp_path / "b", with_tokenizer=False), "model.safetensors"))
     assert set(a) == set(b) and all((a[k] == b[k]).all() for k in a)
     assert not os.path.exists(tmp_path / "a" / "tokenizer.json")
+
+
+def test_small_vocab_gets_no_tokenizer_unless_asked(tmp_path) -> None:
+    import pytest
+
+    path = tm.make_tiny_llama(tmp_path / "small", vocab_size=200)
+    assert not os.path.exists(os.path.join(path, "tokenizer.json"))
+    with pytest.raises(ValueError, match="too small for the byte tokenizer"):
+        tm.make_tiny_llama(tmp_path / "small2", vocab_size=200, with_tokenizer=True)
