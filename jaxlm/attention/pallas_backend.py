@@ -25,16 +25,19 @@ next GPU session can see what fusing would buy.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 
 import jax
 import jax.numpy as jnp
 
 from jaxlm.attention.metadata import AttentionMetadata
-from jaxlm.attention.xla_backend import write_kv
+from jaxlm.attention.xla_backend import paged_attention_xla, write_kv
 from kernels_pallas.paged_decode import paged_decode_attention
 from kernels_pallas.ragged_paged import (
     default_block_q, num_tiles_bound, ragged_paged_attention)
+
+logger = logging.getLogger(__name__)
 
 # Programs a decode call should launch to fill a GPU (~2 waves of an H100's 132 SMs).
 _TARGET_PROGRAMS = 256
@@ -70,6 +73,12 @@ class PallasConstraints:
         return cls(block_size=block_size, head_dim=head_dim,
                    decode_pages_per_block=max(1, decode_keys // block_size),
                    prefill_pages_per_block=max(1, prefill_keys // block_size))
+
+    @property
+    def supported(self) -> bool:
+        """Triton tiles are powers of 2: other head dims / page sizes use the XLA path."""
+        pow2 = lambda n: n > 0 and n & (n - 1) == 0  # noqa: E731
+        return pow2(self.head_dim) and self.head_dim >= 16 and pow2(self.block_size)
 
     @property
     def page_multiple(self) -> int:
@@ -128,6 +137,12 @@ class PallasBackend:
         T, Hq, D = q.shape
         _, _, bs, Hkv, _ = kv_cache.shape
         c = self.constraints(bs, D)
+        if not c.supported:
+            logger.warning("pallas attention: head_dim %d / block_size %d not supported by the "
+                           "kernels (powers of 2 needed); using the XLA reference", D, bs)
+            return paged_attention_xla(q, k, v, kv_cache, md, scale=scale,
+                                       sliding_window=sliding_window,
+                                       logits_soft_cap=logits_soft_cap)
         kv_cache = write_kv(kv_cache, k, v, md.slot_mapping)
         if max_query_len is None:
             max_query_len = getattr(md, "max_query_len", None)

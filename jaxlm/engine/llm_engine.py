@@ -64,6 +64,8 @@ class LLMEngine:
             self.tokenizer, mc.max_model_len, vocab, _eos_ids(self.tokenizer, mc.hf_config, mc.model))
         self.output_processor = OutputProcessor(self.tokenizer)
         self._counter = itertools.count()
+        # first child id -> siblings not yet handed to the scheduler (n > 1)
+        self._deferred: dict[str, list[Request]] = {}
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self._last_log = time.monotonic()
@@ -96,14 +98,11 @@ class LLMEngine:
             core_requests.append(Request(
                 request_id=child_id, prompt_token_ids=processed.prompt_token_ids,
                 sampling_params=child_params, eos_token_id=self.eos_token_id, arrival_time=arrival_time))
-        added = []
-        try:
-            for req in core_requests:
-                self.scheduler.add_request(req)
-                added.append(req.request_id)
-        except ValueError:
-            self.scheduler.finish_requests(added, RequestStatus.FINISHED_ABORTED)
-            raise
+        # n > 1: siblings wait until the first child's prompt is in the cache, then reuse its
+        # blocks through the prefix cache instead of each prefilling its own copy.
+        self.scheduler.add_request(core_requests[0])
+        if len(core_requests) > 1:
+            self._deferred[core_requests[0].request_id] = core_requests[1:]
         for (child_id, child_params, parent, index) in children:
             self.output_processor.add_request(child_id, processed.prompt, processed.prompt_token_ids,
                                               child_params, arrival_time, parent, index)
@@ -126,10 +125,13 @@ class LLMEngine:
     def abort_request(self, request_ids: str | Iterable[str]) -> None:
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
         core_ids = self.output_processor.abort_requests(ids)
+        for req_id in core_ids:
+            self._deferred.pop(req_id, None)
         self.scheduler.finish_requests(core_ids, RequestStatus.FINISHED_ABORTED)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests() or self.output_processor.has_unfinished_requests()
+        return (self.scheduler.has_unfinished_requests() or self.output_processor.has_unfinished_requests()
+                or bool(self._deferred))
 
     def get_num_unfinished_requests(self) -> int:
         return self.scheduler.get_num_unfinished_requests()
@@ -140,12 +142,21 @@ class LLMEngine:
         scheduler_output = self.scheduler.schedule()
         runner_output = self.executor.execute_model(scheduler_output)
         core_outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        if self._deferred:
+            self._release_siblings(core_outputs)
         self.generation_tokens_total += sum(len(o.new_token_ids) for o in core_outputs)
         request_outputs, to_abort = self.output_processor.process_outputs(core_outputs)
         if to_abort:  # stop strings end requests the core still thinks are running
             self.scheduler.finish_requests(to_abort, RequestStatus.FINISHED_STOPPED)
         self._maybe_log_stats()
         return request_outputs
+
+    def _release_siblings(self, core_outputs) -> None:
+        for out in core_outputs:
+            if (out.new_token_ids or out.finished) and out.req_id in self._deferred:
+                for sibling in self._deferred.pop(out.req_id):
+                    if sibling.request_id in self.output_processor.request_states:
+                        self.scheduler.add_request(sibling)
 
     def get_stats(self) -> dict[str, float]:
         s = self.scheduler.make_stats()

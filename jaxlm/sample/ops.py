@@ -63,9 +63,10 @@ def apply_penalties(logits: jax.Array, pen_ids: jax.Array, pen_counts: jax.Array
     """
     r, v = logits.shape
     rows = jnp.arange(r, dtype=jnp.int32)[:, None]
-    counts = jnp.zeros((r, v), jnp.float32).at[rows, pen_ids].add(
-        pen_counts.astype(jnp.float32), mode="drop")
-    seen = jnp.zeros((r, v), jnp.bool_).at[rows, pen_ids].set(True, mode="drop")
+    # One scatter for both: 2 * count + 1 (ids are distinct per row, so .set is enough).
+    code = jnp.zeros((r, v), jnp.int32).at[rows, pen_ids].set(2 * pen_counts + 1, mode="drop")
+    seen = code > 0
+    counts = (code >> 1).astype(jnp.float32)
     rep = jnp.where(seen, repetition[:, None], 1.0)
     # Same arithmetic as vLLM: multiply by 1/rep rather than divide.
     logits = logits * jnp.where(logits > 0, 1.0 / rep, rep)

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import hmac
 import logging
+import os
 import signal
 import socket
 from collections.abc import AsyncIterator, Awaitable
@@ -190,9 +191,13 @@ def jaxlm_version() -> str:
 def init_app_state(engine: AsyncLLMEngine, state: Any, args: argparse.Namespace) -> None:
     model_config = engine.engine_config.model_config
     max_model_len = engine.engine_config.scheduler_config.max_model_len
+    # As vLLM: --served-model-name, else the --model argument; for the embedded default model,
+    # the checkpoint's file name rather than a site-packages path.
     names = list(getattr(args, "served_model_name", None) or model_config.served_model_name or [])
+    if not names and getattr(args, "model", None):
+        names = [args.model]
     if not names:
-        names = [model_config.model or "SmolLM2-135M-Instruct"]
+        names = [os.path.basename(model_config.model or "SmolLM2-135M-Instruct").removesuffix(".gguf")]
     state.engine = engine
     state.served_model_names = names
     state.model_path = model_config.model

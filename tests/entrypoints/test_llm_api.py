@@ -127,3 +127,17 @@ def test_stop_string(llm):
     assert out.outputs[0].finish_reason == "stop" and out.outputs[0].stop_reason == stop
     assert out.outputs[0].text == text[: text.index(stop)]
     assert _usage(llm) == 0.0
+
+
+def test_n_siblings_share_prompt_blocks(llm):
+    prompt = "The quick brown fox jumps over the lazy dog while the cat sleeps. " * 2
+    n_prompt = len(llm.get_tokenizer().encode(prompt))
+    full_blocks = (n_prompt - 1) // 16
+    assert full_blocks >= 1
+    hits_before = llm.llm_engine.get_stats()["prefix_cache_hits"]
+    [out] = llm.generate([prompt], SamplingParams(n=3, temperature=1.0, seed=1, max_tokens=4, ignore_eos=True),
+                         use_tqdm=False)
+    assert len(out.outputs) == 3
+    # Siblings 1 and 2 read the first child's full prompt blocks from the prefix cache.
+    assert llm.llm_engine.get_stats()["prefix_cache_hits"] - hits_before >= 2 * full_blocks * 16
+    assert _usage(llm) == 0.0

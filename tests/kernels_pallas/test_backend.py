@@ -90,6 +90,19 @@ def test_decode_only_batch_matches_xla():
     _run_both(reqs, 16, 8, 2, 64, jnp.float32, 20, None, max_query_len=1, seed=1)
 
 
+def test_unsupported_shapes_fall_back_to_xla():
+    # head_dim 48 / page 12 have no power-of-2 Triton tiles: the backend must still work.
+    assert not PallasConstraints.for_cache(16, 48).supported
+    assert not PallasConstraints.for_cache(12, 64).supported
+    rng = np.random.default_rng(2)
+    cache, k, v, md = _batch(rng, [(5, 2), (0, 3)], 12, 1, 48, 4, 1, 1, jnp.float32)
+    q = jnp.asarray(rng.standard_normal((k.shape[0], 2, 48)), jnp.float32)
+    out, new_cache = PallasBackend(interpret=True)(q, k, v, cache, md, scale=0.1)
+    ref, ref_cache = paged_attention_xla(q, k, v, cache, md, scale=0.1)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(ref))
+    np.testing.assert_array_equal(np.asarray(new_cache), np.asarray(ref_cache))
+
+
 def test_registry_and_interpret_choice():
     b = get_attention_backend("pallas")
     assert isinstance(b, PallasBackend) and b.name == "pallas"

@@ -76,6 +76,9 @@ def test_prompt_forms_echo_and_n(client, server):
     assert [c.index for c in many.choices] == [0, 1, 2, 3]
     assert many.choices[0].text == many.choices[1].text == by_text.choices[0].text  # greedy: n copies
     assert many.usage.completion_tokens == 24
+    biased = client.completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=4, temperature=0.0,
+                                       logit_bias={"42": 100}, extra_body={"ignore_eos": True})
+    assert biased.choices[0].text == tok.decode([42] * 4)
     echo = client.completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=6, echo=True, **GREEDY)
     assert echo.choices[0].text == PROMPTS[1] + by_text.choices[0].text
 
