@@ -10,8 +10,9 @@ time of SamplingInputBuilder.build() (numpy + device_put) for these configuratio
   temperature   temperature 0.8 (inverse-CDF draw, no filters)
   top-k/p       temperature 0.8, top_k 50, top_p 0.9, min_p 0.05
   all           top-k/p + presence/frequency/repetition penalties + logit_bias + logprobs 20
---dist peaked (default) gives LM-like logits whose top-p nucleus fits in the 128 candidates;
---dist flat gives near-uniform logits that force the exact bisection fallback (worst case).
+--dist peaked (default) gives LM-like logits (Zipf-shaped); --dist flat gives near-uniform
+logits (a top-p nucleus far larger than the 256 candidates: the truncated case).
+Configs are timed round-robin (the host's speed drifts); compare the x-greedy ratios.
 """
 
 from __future__ import annotations

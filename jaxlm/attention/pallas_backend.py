@@ -61,7 +61,7 @@ class PallasConstraints:
     head_dim: int
     decode_pages_per_block: int
     prefill_pages_per_block: int
-    max_num_splits: int = 8
+    max_num_splits: int = 16
     token_multiple: int = 1
 
     @classmethod

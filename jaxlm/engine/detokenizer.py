@@ -29,10 +29,10 @@ def make_decode_fn(tokenizer: Any, skip_special_tokens: bool, spaces_between_spe
     Fast tokenizers (and raw `tokenizers.Tokenizer`) go straight to the Rust decoder; they
     ignore spaces_between_special_tokens, exactly like HF's fast decode and vLLM's fast path.
     """
-    backend = getattr(tokenizer, "backend_tokenizer", None) or getattr(tokenizer, "_tokenizer", None)
-    if backend is None and type(tokenizer).__module__.startswith("tokenizers"):
-        backend = tokenizer
-    if backend is not None and hasattr(backend, "decode"):
+    from tokenizers import Tokenizer
+
+    backend = tokenizer if isinstance(tokenizer, Tokenizer) else getattr(tokenizer, "backend_tokenizer", None)
+    if isinstance(backend, Tokenizer):
         return lambda ids: backend.decode(ids, skip_special_tokens=skip_special_tokens)
     return lambda ids: tokenizer.decode(
         ids, skip_special_tokens=skip_special_tokens,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Union
+from typing import Any, Callable, Union
 
 from jaxlm.sampling_params import SamplingParams
 
@@ -19,13 +19,14 @@ class ProcessedPrompt:
 
 class InputProcessor:
     def __init__(self, tokenizer: Any, max_model_len: int, vocab_size: int, eos_token_ids: set[int],
-                 max_logprobs: int = 20):
+                 check_params: Callable[[SamplingParams], None]):
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         # eos of the tokenizer and generation_config: all end a request unless ignore_eos.
         self.eos_token_ids = eos_token_ids
-        self.max_logprobs = max_logprobs
+        # The sampler's own admission check: whatever it cannot honour is refused here.
+        self.check_params = check_params
 
     def process_prompt(self, prompt: PromptType) -> ProcessedPrompt:
         if isinstance(prompt, dict):
@@ -60,33 +61,11 @@ class InputProcessor:
         room = self.max_model_len - prompt_len
         # Past max_model_len a request finishes with "length", as in vLLM's offline API.
         params.max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
-        for name in ("logprobs", "prompt_logprobs"):
-            value = getattr(params, name)
-            if value is not None and value > self.max_logprobs:
-                raise ValueError(f"Requested {name}={value} is more than the maximum allowed {self.max_logprobs}")
-        for ids_field in ("stop_token_ids", "allowed_token_ids"):
-            ids = getattr(params, ids_field) or []
-            bad = [t for t in ids if not 0 <= t < self.vocab_size]
-            if bad:
-                raise ValueError(f"{ids_field} holds token id {bad[0]}, out of vocabulary (size {self.vocab_size})")
-        if params.logit_bias:
-            bad = [t for t in params.logit_bias if not 0 <= t < self.vocab_size]
-            if bad:
-                raise ValueError(f"logit_bias holds token id {bad[0]}, out of vocabulary (size {self.vocab_size})")
-        stops = set(params.stop_token_ids)
-        if not params.ignore_eos:
-            stops |= self.eos_token_ids
-        params.all_stop_token_ids = stops
-        if params.bad_words:
-            params.bad_words_token_ids = self._bad_words_ids(params.bad_words)
+        params.update_from_generation_config(
+            {"eos_token_id": sorted(self.eos_token_ids)}, self.tokenizer.eos_token_id)
+        params.all_stop_token_ids |= set(params.stop_token_ids)
+        if params.ignore_eos:
+            params.all_stop_token_ids.discard(self.tokenizer.eos_token_id)
+        params.update_from_tokenizer(self.tokenizer)
+        self.check_params(params)
         return params
-
-    def _bad_words_ids(self, words: list[str]) -> list[list[int]]:
-        # Like vLLM: ban each word as it tokenizes alone and after a space.
-        out: list[list[int]] = []
-        for word in words:
-            for text in (word.lstrip(), " " + word.lstrip()):
-                ids = self.tokenizer.encode(text, add_special_tokens=False)
-                if ids and ids not in out:
-                    out.append(ids)
-        return out

@@ -17,6 +17,7 @@ from jaxlm.executor.abstract import Executor
 from jaxlm.config import EngineConfig
 from jaxlm.model_loader import get_tokenizer, resolve_model_config
 from jaxlm.outputs import RequestOutput
+from jaxlm.sample.builder import SamplingInputBuilder
 from jaxlm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -60,8 +61,10 @@ class LLMEngine:
 
         vocab = int(mc.hf_config.vocab_size)
         self.eos_token_id = self.tokenizer.eos_token_id
+        checker = SamplingInputBuilder(vocab, mc.max_model_len)
         self.input_processor = InputProcessor(
-            self.tokenizer, mc.max_model_len, vocab, _eos_ids(self.tokenizer, mc.hf_config, mc.model))
+            self.tokenizer, mc.max_model_len, vocab, _eos_ids(self.tokenizer, mc.hf_config, mc.model),
+            checker.check_params)
         self.output_processor = OutputProcessor(self.tokenizer)
         self._counter = itertools.count()
         # first child id -> siblings not yet handed to the scheduler (n > 1)

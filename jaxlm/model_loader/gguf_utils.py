@@ -74,19 +74,27 @@ def gguf_config_dict(reader: GGUFFile, path: str) -> dict[str, Any]:
     def get(key: str, default: Any = None) -> Any:
         return _field(reader, f"{arch}.{key}", default)
 
-    hidden = int(get("embedding_length"))
-    heads = int(get("attention.head_count"))
+    def need(key: str) -> int:
+        value = get(key)
+        if value is None:
+            raise CorruptCheckpointError(path, f"GGUF metadata lacks {arch}.{key}")
+        return int(value)
+
+    hidden = need("embedding_length")
+    heads = need("attention.head_count")
     vocab = get("vocab_size")
     if vocab is None:
         tokens = reader.fields.get("tokenizer.ggml.tokens")
-        vocab = len(tokens) if tokens is not None else None
+        if tokens is None:
+            raise CorruptCheckpointError(path, f"GGUF metadata has neither {arch}.vocab_size nor a token list")
+        vocab = len(tokens)
     tensor_names = {t.name for t in reader.tensors}
     cfg: dict[str, Any] = dict(
         model_type=arch,
         architectures=["LlamaForCausalLM" if arch == "llama" else "Qwen2ForCausalLM"],
         hidden_size=hidden,
-        intermediate_size=int(get("feed_forward_length")),
-        num_hidden_layers=int(get("block_count")),
+        intermediate_size=need("feed_forward_length"),
+        num_hidden_layers=need("block_count"),
         num_attention_heads=heads,
         num_key_value_heads=int(get("attention.head_count_kv", heads)),
         max_position_embeddings=int(get("context_length", 2048)),

@@ -2,7 +2,8 @@
 
 from jaxlm.sample.builder import SamplingInputBuilder
 from jaxlm.sample.metadata import ALL_VARIANTS, SamplerOutput, SamplerVariant, SamplingMetadata
-from jaxlm.sample.sampler import compute_prompt_logprobs, sample, sample_jit
+from jaxlm.sample.sampler import compute_prompt_logprobs, compute_prompt_logprobs_jit, sample, sample_jit, to_host
 
 __all__ = ["SamplingInputBuilder", "SamplingMetadata", "SamplerVariant", "SamplerOutput",
-           "ALL_VARIANTS", "sample", "sample_jit", "compute_prompt_logprobs"]
+           "ALL_VARIANTS", "sample", "sample_jit", "compute_prompt_logprobs",
+           "compute_prompt_logprobs_jit", "to_host"]

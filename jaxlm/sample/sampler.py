@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+from jaxlm.core.outputs import LogprobsLists
 
 from jaxlm.sample import ops
 from jaxlm.sample.metadata import SamplerOutput, SamplerVariant, SamplingMetadata
@@ -72,6 +75,20 @@ def compute_prompt_logprobs(logits: jax.Array, next_token_ids: jax.Array, k: int
     (vLLM's prompt_logprobs layout). `k` must be static (e.g. max_logprobs); slice per request.
     """
     return ops.gather_logprobs(logits, next_token_ids.astype(jnp.int32), k)
+
+
+def to_host(out: SamplerOutput, num_reqs: int) -> tuple[np.ndarray, LogprobsLists | None]:
+    """Device -> host for the first num_reqs rows: (token ids [n], LogprobsLists or None).
+
+    One device_get for everything; LogprobsLists rows follow the same request order.
+    """
+    host = jax.device_get(out)
+    ids = np.asarray(host.sampled_token_ids)[:num_reqs]
+    if host.logprobs is None:
+        return ids, None
+    return ids, LogprobsLists(np.asarray(host.logprob_token_ids)[:num_reqs],
+                              np.asarray(host.logprobs)[:num_reqs],
+                              np.asarray(host.sampled_token_ranks)[:num_reqs])
 
 
 # One jitted entry point for callers that do not fuse the sampler into a bigger program.

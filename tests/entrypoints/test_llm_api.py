@@ -50,8 +50,9 @@ def test_per_prompt_params(llm):
     ("x " * 200, SamplingParams(), "longer than the maximum model length of 128"),
     ("", SamplingParams(), "prompt cannot be empty"),
     ({"prompt_token_ids": [5, 99999]}, SamplingParams(), "Token id 99999 is out of vocabulary"),
-    ("hi", SamplingParams(logprobs=50), "logprobs=50 is more than the maximum"),
-    ("hi", SamplingParams(stop_token_ids=[10**6]), "stop_token_ids holds token id 1000000"),
+    ("hi", SamplingParams(logprobs=50), "logprobs=50 exceeds max_logprobs=20"),
+    ("hi", SamplingParams(stop_token_ids=[10**6]), r"stop_token_ids contains out-of-vocab token ids \[1000000\]"),
+    ("hi", SamplingParams(logit_bias={-3: 1.0}), "logit_bias contains out-of-vocab"),
 ])
 def test_bad_request_fails_alone(llm, prompt, params, message):
     with pytest.raises(ValueError, match=message):
