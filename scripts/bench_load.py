@@ -58,13 +58,17 @@ def child(path: str, load_format: str) -> dict:
     lc = LoadConfig(load_format=load_format)
     mc = resolve_model_config(ModelConfig(model=path), lc)
     t_resolve = time.perf_counter() - t1
+    resolved_rss = _rss_mb()  # transformers (+torch when installed) is imported by now
+    t2 = time.perf_counter()
     model = get_model(mc, lc, attn_backend=get_attention_backend("xla"))
     jax.block_until_ready(nnx.state(model, nnx.Param))
+    t_get_model = time.perf_counter() - t2
     t_load = time.perf_counter() - t1
     n_params = sum(v[...].size for _, v in nnx.to_flat_state(nnx.state(model, nnx.Param)))
     return {
-        "format": load_format, "import_s": t_import, "resolve_s": t_resolve, "load_s": t_load,
-        "base_rss_mb": base_rss, "end_rss_mb": _rss_mb(),
+        "format": load_format, "import_s": t_import, "resolve_s": t_resolve, "get_model_s": t_get_model,
+        "load_s": t_load,
+        "base_rss_mb": base_rss, "resolved_rss_mb": resolved_rss, "end_rss_mb": _rss_mb(),
         "peak_rss_mb": _peak_rss_mb(), "params": n_params,
     }
 
@@ -116,11 +120,13 @@ def main() -> None:
             runs.append(json.loads(line[7:]))
         med = {k: statistics.median(r[k] for r in runs) for k in runs[0] if k != "format"}
         rows.append((fmt, med))
-    print(f"\n{'format':<12} {'load s':>7} {'(resolve s)':>11} {'import s':>8} {'base RSS MB':>11} "
-          f"{'peak RSS MB':>11} {'peak-base':>9} {'params':>11}")
+    print(f"\n{'format':<12} {'resolve s':>9} {'get_model s':>11} {'total s':>7} {'import s':>8} "
+          f"{'base RSS MB':>11} {'resolved RSS MB':>15} {'peak RSS MB':>11} {'get_model peak+':>15} {'params':>11}")
     for fmt, m in rows:
-        print(f"{fmt:<12} {m['load_s']:7.2f} {m['resolve_s']:11.2f} {m['import_s']:8.2f} {m['base_rss_mb']:11.0f} "
-              f"{m['peak_rss_mb']:11.0f} {m['peak_rss_mb'] - m['base_rss_mb']:9.0f} {int(m['params']):11d}")
+        print(f"{fmt:<12} {m['resolve_s']:9.2f} {m['get_model_s']:11.2f} {m['load_s']:7.2f} {m['import_s']:8.2f} "
+              f"{m['base_rss_mb']:11.0f} {m['resolved_rss_mb']:15.0f} {m['peak_rss_mb']:11.0f} "
+              f"{m['peak_rss_mb'] - m['resolved_rss_mb']:15.0f} "
+              f"{int(m['params']):11d}")
 
 
 if __name__ == "__main__":

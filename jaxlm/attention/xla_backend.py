@@ -104,6 +104,8 @@ def paged_attention_xla(
         mask = j[None, :] < ctx[:, None]
         if sliding_window is not None:
             mask &= j[None, :] > pos[:, None] - sliding_window
+        # Zero V outside the mask: p = 0 times garbage (NaN/inf in an unused page) is still NaN.
+        vc = jnp.where(mask[:, :, None, None], vc, 0.0)
         return _merge(m, l, acc, s, mask[:, None, None, :], vc, "thgj,tjhd->thgd")
 
     m, l, acc = lax.fori_loop(0, n_chunks, body, (m, l, acc))

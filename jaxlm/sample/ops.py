@@ -37,13 +37,22 @@ def fast_argmax(x: jax.Array) -> jax.Array:
 # ---------------------------------------------------------------- logits processors
 
 
+def _gather(x: jax.Array, ids: jax.Array) -> jax.Array:
+    # Padding ids (== V) read a clipped, ignored value.
+    return jnp.take_along_axis(x, jnp.minimum(ids, x.shape[1] - 1), axis=1)
+
+
 def apply_allowed(logits: jax.Array, allowed_ids: jax.Array, has_allowed: jax.Array) -> jax.Array:
-    """Mask every token not in the row's allowed list (rows with has_allowed=False untouched)."""
-    r, v = logits.shape
-    rows = jnp.arange(r, dtype=jnp.int32)[:, None]
+    """Mask every token not in the row's allowed list (rows with has_allowed=False untouched).
+
+    Sparse: blank the row, then write the allowed tokens' own values back (one scatter of
+    [R, Ka], no [R, V] mask).
+    """
+    rows = jnp.arange(logits.shape[0], dtype=jnp.int32)[:, None]
+    kept = _materialize(_gather(logits, allowed_ids))
+    blank = jnp.where(has_allowed[:, None], _NEG_INF, logits)
     # Padding entries hold id == V and are dropped by the scatter.
-    allowed = jnp.zeros((r, v), jnp.bool_).at[rows, allowed_ids].set(True, mode="drop")
-    return jnp.where(has_allowed[:, None] & ~allowed, _NEG_INF, logits)
+    return blank.at[rows, allowed_ids].set(kept, mode="drop")
 
 
 def apply_bias(logits: jax.Array, bias_ids: jax.Array, bias_vals: jax.Array) -> jax.Array:
@@ -60,18 +69,16 @@ def apply_penalties(logits: jax.Array, pen_ids: jax.Array, pen_counts: jax.Array
     pen_counts [R, L]: how often each occurs in the *output* (0 for prompt-only tokens).
     repetition: over prompt+output, logit / rep if > 0 else logit * rep;
     frequency / presence: over output, logit -= f * count + p * (count > 0) (OpenAI's definition).
+    Only the listed tokens change, so they are gathered, updated and scattered back.
     """
-    r, v = logits.shape
-    rows = jnp.arange(r, dtype=jnp.int32)[:, None]
-    # One scatter for both: 2 * count + 1 (ids are distinct per row, so .set is enough).
-    code = jnp.zeros((r, v), jnp.int32).at[rows, pen_ids].set(2 * pen_counts + 1, mode="drop")
-    seen = code > 0
-    counts = (code >> 1).astype(jnp.float32)
-    rep = jnp.where(seen, repetition[:, None], 1.0)
+    rows = jnp.arange(logits.shape[0], dtype=jnp.int32)[:, None]
+    g = _materialize(_gather(logits, pen_ids))  # [R, L]
+    rep = repetition[:, None]
     # Same arithmetic as vLLM: multiply by 1/rep rather than divide.
-    logits = logits * jnp.where(logits > 0, 1.0 / rep, rep)
-    logits = logits - frequency[:, None] * counts
-    return logits - presence[:, None] * (counts > 0).astype(jnp.float32)
+    g = g * jnp.where(g > 0, 1.0 / rep, rep)
+    counts = pen_counts.astype(jnp.float32)
+    g = g - frequency[:, None] * counts - presence[:, None] * (counts > 0).astype(jnp.float32)
+    return logits.at[rows, pen_ids].set(g, mode="drop")
 
 
 # ---------------------------------------------------------------- filters (thresholds)

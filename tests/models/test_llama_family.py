@@ -49,3 +49,33 @@ def test_hf_parity(case: str, tmp_path, record_property) -> None:
     assert res.prefill_max_diff < TOL, res.prefill_max_diff
     assert res.decode_max_diff < TOL, res.decode_max_diff
     assert res.tokens_equal, f"ours {res.ours}\nhf   {res.ref}"
+
+
+def test_bfloat16_model_keeps_its_dtype_and_tracks_float32(tmp_path) -> None:
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from tests.helpers.paged_batch import PagedBatchBuilder, make_kv_caches
+    from tests.models._parity import build_model
+
+    path = tm.make_tiny_qwen3(tmp_path / "q3", with_tokenizer=False)
+    out = {}
+    for dt in (jnp.float32, jnp.bfloat16):
+        model, config, cls = build_model(path, dtype=dt)
+        ids, pos, md = PagedBatchBuilder(32, 4, 8).step({0: list(range(3, 20))})
+        caches = make_kv_caches(cls.get_kv_cache_spec(config), 32, 4, dt)
+        graphdef, state = nnx.split(model)
+
+        @jax.jit
+        def step(state, ids, pos, caches, md):
+            m = nnx.merge(graphdef, state)
+            h, caches = m(ids, pos, caches, md)
+            return h, m.compute_logits(h), caches
+
+        h, logits, caches = step(state, ids, pos, caches, md)
+        assert h.dtype == dt and caches[0].dtype == dt  # no silent promotion to float32
+        assert logits.dtype == jnp.float32
+        out[dt] = np.asarray(logits)
+    ref = out[jnp.float32]
+    assert np.abs(out[jnp.bfloat16] - ref).max() < 0.05 * np.abs(ref).max()

@@ -157,8 +157,10 @@ def _concurrent_streams(server, n: int, max_tokens: int, drop: set[int]) -> list
         async for chunk in stream:
             parts.append(chunk.choices[0].text)
             if i in drop and len(parts) >= 2:
-                await stream.close()  # the client goes away mid-stream
-                return None
+                break
+        if i in drop:
+            await stream.close()  # the client goes away mid-stream
+            return None
         return "".join(parts)
 
     async def main() -> list[str | None]:
