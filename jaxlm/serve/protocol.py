@@ -38,7 +38,6 @@ class ErrorResponse(BaseModel):
 
 class StreamOptions(OpenAIBaseModel):
     include_usage: bool | None = True
-    continuous_usage_stats: bool | None = False
 
 
 class UsageInfo(OpenAIBaseModel):

@@ -263,3 +263,14 @@ def test_all_variants_compile_on_dummy_metadata():
         out = sample_jit(logits, b.dummy_metadata(4, variant))
         np.testing.assert_array_equal(np.asarray(out.sampled_token_ids), np.asarray(logits).argmax(-1))
         assert (out.logprobs is not None) == variant.logprobs
+
+
+@pytest.mark.parametrize("k", [1, 20, 256])
+def test_fast_top_k_and_argmax_match_lax(k):
+    x = np.random.RandomState(k).randn(5, 49152 + 17).astype(np.float32)
+    x[2, [10, 5000, 49160]] = 50.0  # tied maxima: the first index wins
+    vals, ids = jax.jit(ops.fast_top_k, static_argnums=1)(jnp.asarray(x), k)
+    ref_vals, ref_ids = jax.lax.top_k(jnp.asarray(x), k)
+    np.testing.assert_array_equal(np.asarray(vals), np.asarray(ref_vals))
+    np.testing.assert_array_equal(np.take_along_axis(x, np.asarray(ids), 1), np.asarray(ref_vals))
+    np.testing.assert_array_equal(np.asarray(jax.jit(ops.fast_argmax)(jnp.asarray(x))), x.argmax(-1))
