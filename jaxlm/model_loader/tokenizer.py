@@ -26,8 +26,12 @@ def _cache_dir(gguf_path: str) -> str | None:
     root = os.environ.get("JAXLM_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "jaxlm"))
     if not root:
         return None
+    import transformers
+
     st = os.stat(gguf_path)
-    key = hashlib.sha256(f"{os.path.abspath(gguf_path)}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    # A new file or a new transformers (its vocab builders may change) gets a new entry.
+    ident = f"{os.path.abspath(gguf_path)}:{st.st_size}:{st.st_mtime_ns}:{transformers.__version__}"
+    key = hashlib.sha256(ident.encode()).hexdigest()[:16]
     return os.path.join(root, "tokenizers", f"{os.path.basename(gguf_path)}-{key}")
 
 

@@ -2,8 +2,8 @@
 
 A full sort of [R, V] logits is the usual way to apply top-k/top-p, but XLA's CPU sort costs
 ~0.75 s for 64 x 49152. Everything here is formulated as reductions instead:
-- argmax as max + first-index-of-max (XLA CPU's variadic argmax reduce is ~3x slower),
-- top-k / top-p as a per-row *threshold* read off the C largest values (lax.top_k),
+- argmax and top-k in two levels (block maxima first, then only the winning blocks),
+- top-k / top-p as a per-row *threshold* read off the C largest values,
 - categorical draws by inverse CDF over 128-wide blocks: one uniform per row (made on the
   host from the row's seed and step) instead of V Gumbel numbers.
 """
@@ -126,8 +126,8 @@ def top_k_top_p_threshold(x: jax.Array, top_k: jax.Array, top_p: jax.Array,
 
     top-k keeps values >= the k-th largest (ties kept); top-p then keeps the smallest prefix of
     the renormalized, descending distribution whose mass reaches p (a token is kept when the
-    mass strictly above it is < p). Both are read off the `num_candidates` largest values
-    (lax.top_k), which is exact whenever the kept set fits in them. When it does not (top_k >
+    mass strictly above it is < p). Both are read off the C = `num_candidates` largest values,
+    which is exact whenever the kept set fits in them. When it does not (top_k >
     C, or a nucleus of more than C tokens on a flat distribution) the kept set is cut to its C
     most likely tokens: never a token outside vLLM's kept set, but a truncated one.
     (An exact fallback needs lax.cond/while_loop, and on XLA:CPU any control flow around the

@@ -16,7 +16,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxlm.core.outputs import LogprobsLists
-
 from jaxlm.sample import ops
 from jaxlm.sample.metadata import SamplerOutput, SamplerVariant, SamplingMetadata
 
@@ -57,8 +56,8 @@ def sample(logits: jax.Array, md: SamplingMetadata,
         # Greedy rows come as min_p = 1 + the smallest uniform: the draw is their argmax.
         token_ids = _sample_random(logits, md, variant.filters)
     elif variant.logprobs and not variant.processors and md.max_logprobs > 0:
-        # Unprocessed greedy: the argmax is the first of the raw top-k (lax.top_k breaks ties
-        # by lower index, like argmax), so skip a pass over the logits.
+        # Unprocessed greedy: the argmax is the first of the raw top-k (ties at the max go to
+        # the lower index, like argmax), so skip a pass over the logits.
         return ops.greedy_with_logprobs(raw_logits, md.max_logprobs)
     else:
         token_ids = ops.fast_argmax(logits)

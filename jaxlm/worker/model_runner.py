@@ -37,17 +37,20 @@ logger = logging.getLogger(__name__)
 
 # The sampler programs compiled per sequence bucket: a batch runs the cheapest one that covers
 # what it needs (the extra parts are neutral for rows that don't use them), so the count stays
-# 4 per bucket instead of every combination of the sampler's flags.
+# 5 per bucket instead of every combination of the sampler's flags.
 _GREEDY = SamplerVariant()
+_GREEDY_LOGPROBS = SamplerVariant(logprobs=True)
 _RANDOM = SamplerVariant(random=True)
 _RANDOM_FILTERED = SamplerVariant(random=True, filters=True)
 _FULL = SamplerVariant(*([True] * len(SamplerVariant._fields)))
-RUNNER_VARIANTS = (_GREEDY, _RANDOM, _RANDOM_FILTERED, _FULL)
+RUNNER_VARIANTS = (_GREEDY, _GREEDY_LOGPROBS, _RANDOM, _RANDOM_FILTERED, _FULL)
 
 
 def _cover(need: SamplerVariant) -> SamplerVariant:
-    if need.processors or need.logprobs:
+    if need.processors or (need.logprobs and need.random):
         return _FULL
+    if need.logprobs:
+        return _GREEDY_LOGPROBS
     if need.random:
         return _RANDOM_FILTERED if need.filters else _RANDOM
     return _GREEDY

@@ -112,3 +112,30 @@ def test_export_gguf_to_safetensors(tiny_gguf, tmp_path):
     model = load(out)
     for name, want in ref.items():
         np.testing.assert_array_equal(param_as_hf(model, name), want, err_msg=name)
+
+
+@pytest.mark.parametrize("qtype", [_Q.Q4_K, _Q.Q6_K, _Q.Q5_K, _Q.Q4_0, _Q.BF16], ids=lambda q: q.name)
+def test_k_quant_bytes_dequantize_like_gguf(tmp_path, qtype):
+    """K-quants cannot be produced in numpy; write raw blocks and check our reader's byte/shape logic."""
+    from jaxlm.model_loader.gguf_reader import GGUFFile
+    from jaxlm.model_loader.gguf_utils import _tensor_array
+
+    block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+    rows, cols = 3, 2 * 256
+    raw = np.random.default_rng(0).integers(0, 256, (rows, cols // block * type_size), dtype=np.uint8)
+    if qtype == _Q.BF16:
+        raw = np.random.default_rng(0).standard_normal((rows, cols)).astype(np.float32).view(np.uint32)
+        raw = (raw >> 16).astype(np.uint16).view(np.uint8).reshape(rows, -1)
+    path = str(tmp_path / "q.gguf")
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_tensor("blk.0.ffn_up.weight", raw, raw_shape=raw.shape, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    f = GGUFFile(path)
+    (info,) = f.tensors
+    assert info.shape == (rows, cols)
+    got = _tensor_array(f, info).astype(np.float32)
+    want = gguf.quants.dequantize(raw, qtype).reshape(rows, cols)
+    np.testing.assert_array_equal(got, want)

@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxlm.config import LoadConfig, ModelConfig
-from jaxlm.model_loader import get_jax_dtype, get_tokenizer, resolve_model_config
+from jaxlm.config import ModelConfig
+from jaxlm.model_loader import get_jax_dtype, get_tokenizer
 from jaxlm.model_loader.formats import default_model_path, detect_load_format
 from jaxlm.model_loader.resolve import resolve_dtype, resolve_max_model_len
 

@@ -93,6 +93,13 @@ def test_completion_logprobs(client):
         assert 3 <= len(top) <= 4 and token in top
         assert max(top.values()) == pytest.approx(value, abs=1e-4)  # greedy picks the top token
     assert lp.text_offset == sorted(lp.text_offset) and lp.text_offset[0] == 0
+    # echo + logprobs: the prompt's tokens come first, the very first without a logprob.
+    echo = client.completions.create(model=MODEL, prompt=PROMPTS[2], max_tokens=5, logprobs=1, echo=True, **GREEDY)
+    elp = echo.choices[0].logprobs
+    n_prompt = echo.usage.prompt_tokens
+    assert len(elp.tokens) == n_prompt + 5 and elp.token_logprobs[0] is None
+    assert all(x is not None and x <= 0.0 for x in elp.token_logprobs[1:])
+    assert elp.token_logprobs[n_prompt:] == pytest.approx(lp.token_logprobs, abs=1e-4)
 
 
 def test_stop_strings(client):

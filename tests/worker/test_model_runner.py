@@ -30,7 +30,7 @@ def _mixed_workload(llm):
 def test_program_count_is_a_sum(llm):
     runner = llm.llm_engine.executor.worker.model_runner
     # len(token_buckets) x (body, prompt logprobs) + len(seq_buckets) x sampler variants.
-    assert runner.num_programs == 2 * 2 + 2 * 4
+    assert runner.num_programs == 2 * 2 + 2 * 5
 
 
 def test_no_compile_after_warmup(llm):
