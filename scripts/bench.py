@@ -106,7 +106,7 @@ def bench_transformers(args) -> dict:
 def bench_bucket_configs(args) -> None:
     from jaxlm import LLM, SamplingParams
 
-    configs = {"pow2 from 1": None, "pow2 from 8": [8, 16, 32, 64, 128, 256, 512],
+    configs = {"default": None, "pow2 from 1": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512],
                "coarse": [16, 128, 512]}
     rows = []
     for name, buckets in configs.items():
@@ -144,7 +144,8 @@ def main() -> None:
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--hf-batch", type=int, default=16, help="transformers generate batch size")
     p.add_argument("--max-num-batched-tokens", type=int, default=512)
-    p.add_argument("--token-buckets", type=lambda s: [int(x) for x in s.split(",")], default=None)
+    p.add_argument("--token-buckets", type=lambda s: [int(x) for x in s.split(",")], default=None,
+                   help="comma-separated token buckets (default: the engine's)")
     p.add_argument("--skip-transformers", action="store_true")
     p.add_argument("--bucket-configs", action="store_true")
     p.add_argument("--json", help="also write the figures here")

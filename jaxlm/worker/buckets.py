@@ -28,3 +28,19 @@ def pick_bucket(n: int, buckets: list[int]) -> int:
     if i == len(buckets):
         raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")
     return buckets[i]
+
+
+def default_seq_buckets(max_num_seqs: int) -> list[int]:
+    """Powers of 4: sampling a padded row is cheap next to compiling another program."""
+    buckets = [1]
+    while buckets[-1] < max_num_seqs:
+        buckets.append(buckets[-1] * 4)
+    return buckets
+
+
+def default_token_buckets(budget: int, max_num_seqs: int) -> list[int]:
+    """Powers of 4 over decode-sized batches (memory-bound: padding 2 -> 4 rows costs little),
+    then powers of 2 up to the step budget (prefill, where padding costs compute)."""
+    small = [b for b in default_seq_buckets(max_num_seqs) if b < budget]
+    large = [b for b in powers_of_two_up_to(budget) if b > small[-1]] if small else powers_of_two_up_to(budget)
+    return small + large

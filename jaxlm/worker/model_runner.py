@@ -30,7 +30,7 @@ from jaxlm.core.sched_output import SchedulerOutput
 from jaxlm.sample.builder import SamplingInputBuilder
 from jaxlm.sample.metadata import SamplerVariant
 from jaxlm.sample.sampler import compute_prompt_logprobs, sample
-from jaxlm.worker.buckets import pick_bucket, powers_of_two_up_to, validate_buckets
+from jaxlm.worker.buckets import default_seq_buckets, default_token_buckets, pick_bucket, validate_buckets
 from jaxlm.worker.input_batch import InputBatch, StepInputs
 
 logger = logging.getLogger(__name__)
@@ -84,11 +84,9 @@ class ModelRunner:
         comp = config.compilation_config
         budget = sched.max_num_batched_tokens
         self.token_buckets = validate_buckets(
-            comp.token_buckets or powers_of_two_up_to(budget), budget, "token"
-        )
+            comp.token_buckets or default_token_buckets(budget, sched.max_num_seqs), budget, "token")
         self.seq_buckets = validate_buckets(
-            comp.seq_buckets or powers_of_two_up_to(sched.max_num_seqs), sched.max_num_seqs, "sequence"
-        )
+            comp.seq_buckets or default_seq_buckets(sched.max_num_seqs), sched.max_num_seqs, "sequence")
         # The hidden-state buffer the body hands to the sampler: the largest sequence bucket.
         self.sample_capacity = self.seq_buckets[-1]
 

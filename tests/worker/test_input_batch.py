@@ -4,7 +4,8 @@ import numpy as np
 
 from jaxlm.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
 from jaxlm.sampling_params import SamplingParams
-from jaxlm.worker.buckets import pick_bucket, powers_of_two_up_to, validate_buckets
+from jaxlm.worker.buckets import (default_seq_buckets, default_token_buckets, pick_bucket, powers_of_two_up_to,
+                                  validate_buckets)
 from jaxlm.worker.input_batch import InputBatch
 
 
@@ -14,6 +15,9 @@ def _new(req_id, prompt, blocks, computed=0, output=()):
 
 def test_buckets():
     assert powers_of_two_up_to(100) == [1, 2, 4, 8, 16, 32, 64, 128]
+    assert default_seq_buckets(64) == [1, 4, 16, 64] and default_seq_buckets(8) == [1, 4, 16]
+    assert default_token_buckets(512, 64) == [1, 4, 16, 64, 128, 256, 512]
+    assert default_token_buckets(32, 64) == [1, 4, 16, 32]
     assert pick_bucket(17, [8, 16, 32]) == 32 and pick_bucket(16, [8, 16, 32]) == 16
     assert validate_buckets([32, 8, 8], 20, "token") == [8, 32]
     for bad in ([], [0, 8]):
