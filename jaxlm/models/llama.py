@@ -12,13 +12,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh
 
 from jaxlm.attention.metadata import AttentionMetadata
-from jaxlm.models.base import CausalLMBase, check_cache_layout, init_common
+from jaxlm.models.base import CausalLMBase, init_common
 from jaxlm.models.layers import COLUMN, ROW, Embedding, Linear, LMHead, RMSNorm, get_act_fn
 from jaxlm.models.rotary import RotaryEmbedding
 
@@ -183,20 +182,11 @@ class LlamaForCausalLM(CausalLMBase):
             else LMHead(self.args.hidden_size, self.args.vocab_size, dtype=self.dtype, rngs=rngs)
         )
 
-    def __call__(
-        self,
-        input_ids: jax.Array,
-        positions: jax.Array,
-        kv_caches: list[jax.Array],
-        attn_metadata: AttentionMetadata,
-    ) -> tuple[jax.Array, list[jax.Array]]:
-        check_cache_layout(kv_caches, self.args.num_layers)
-        return self.model(input_ids, positions, kv_caches, attn_metadata)
+    def decoder(self) -> nnx.Module:
+        return self.model
 
-    def compute_logits(self, hidden_states: jax.Array) -> jax.Array:
-        if self.lm_head is None:
-            return self.model.embed_tokens.attend(hidden_states)
-        return self.lm_head(hidden_states)
+    def input_embedding(self) -> nnx.Module:
+        return self.model.embed_tokens
 
     @staticmethod
     def get_kv_cache_spec(config: Any) -> tuple[int, int, int]:

@@ -6,13 +6,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh
 
-from jaxlm.attention.metadata import AttentionMetadata
-from jaxlm.models.base import CausalLMBase, check_cache_layout, init_common
+from jaxlm.models.base import CausalLMBase, init_common
 from jaxlm.models.layers import COLUMN, REPLICATED, ROW, Embedding, LayerNorm, Linear, LMHead, get_act_fn
 
 # OPT's learned position table starts at index 2 (fairseq's padding offset).
@@ -158,20 +156,11 @@ class OPTForCausalLM(CausalLMBase):
         # facebook/opt-* checkpoints predate the "model." prefix.
         return "model." + name if name.startswith("decoder.") else name
 
-    def __call__(
-        self,
-        input_ids: jax.Array,
-        positions: jax.Array,
-        kv_caches: list[jax.Array],
-        attn_metadata: AttentionMetadata,
-    ) -> tuple[jax.Array, list[jax.Array]]:
-        check_cache_layout(kv_caches, self.args.num_layers)
-        return self.model.decoder(input_ids, positions, kv_caches, attn_metadata)
+    def decoder(self) -> nnx.Module:
+        return self.model.decoder
 
-    def compute_logits(self, hidden_states: jax.Array) -> jax.Array:
-        if self.lm_head is None:
-            return self.model.decoder.embed_tokens.attend(hidden_states)
-        return self.lm_head(hidden_states)
+    def input_embedding(self) -> nnx.Module:
+        return self.model.decoder.embed_tokens
 
     @staticmethod
     def get_kv_cache_spec(config: Any) -> tuple[int, int, int]:

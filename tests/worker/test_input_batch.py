@@ -1,6 +1,5 @@
 """The persistent input batch flattens a step exactly as the attention metadata contract says."""
 
-import numpy as np
 
 from jaxlm.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
 from jaxlm.sampling_params import SamplingParams
