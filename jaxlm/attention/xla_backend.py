@@ -4,11 +4,14 @@ Attention for a step is split in two parts merged with an online softmax:
   * in-step: the step's own tokens attend to each other (same row, causal) straight from
     the new K/V, so a fresh prefill never touches the cache;
   * cached context: each token attends to its row's ``context_lens`` cached tokens, read
-    through the block table in chunks of pages, with a trip count set by the longest context.
+    through the block table in chunks of pages; only the leading blocks of tokens whose rows
+    have context run, with trip counts set by the longest context in each block.
 Both paths read only valid positions, so garbage in unused pages never leaks in.
 """
 
 from __future__ import annotations
+
+import math
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +21,9 @@ from jaxlm.attention.metadata import AttentionMetadata
 
 _NEG_INF = -1e30
 # Tokens of context read per loop iteration (rounded to whole pages).
-_CHUNK_TOKENS = 256
+_CHUNK_TOKENS = 128
+# Query tokens per block of the cached-context loop.
+_TOKEN_BLOCK = 16
 
 
 def write_kv(kv_cache: jax.Array, k: jax.Array, v: jax.Array, slot_mapping: jax.Array) -> jax.Array:
@@ -84,7 +89,9 @@ def paged_attention_xla(
     acc = jnp.zeros((T, Hkv, G, D), jnp.float32)
     m, l, acc = _merge(m, l, acc, s, mask, v.astype(jnp.float32), "thgs,shd->thgd")
 
-    # Cached part: the row's context, page chunk by page chunk.
+    # Cached part: only the leading tokens whose row has context (the runner puts those rows
+    # first, so a fresh prefill beside decodes reads no pages), Bt tokens at a time, each block
+    # reading its rows' pages chunk by chunk.
     ctx = md.context_lens[req]  # [T]
     bt = md.block_tables[req]  # [T, P]
     pages_per_chunk = max(1, min(bt.shape[1], _CHUNK_TOKENS // bs))
@@ -92,22 +99,34 @@ def paged_attention_xla(
     if pad:
         bt = jnp.pad(bt, ((0, 0), (0, pad)))
     chunk = pages_per_chunk * bs
-    n_chunks = (jnp.max(ctx) + chunk - 1) // chunk
+    Bt = math.gcd(T, _TOKEN_BLOCK)
+    n_ctx_tokens = jnp.max(jnp.where(ctx > 0, jnp.arange(1, T + 1), 0))
 
-    def body(i, carry):
+    def token_block(b, carry):
         m, l, acc = carry
-        pages = lax.dynamic_slice_in_dim(bt, i * pages_per_chunk, pages_per_chunk, axis=1)
-        kc = kv_cache[0, pages].reshape(T, chunk, Hkv, D).astype(jnp.float32)
-        vc = kv_cache[1, pages].reshape(T, chunk, Hkv, D).astype(jnp.float32)
-        s = _scores(jnp.einsum("thgd,tjhd->thgj", qf, kc), scale, logits_soft_cap)
-        j = i * chunk + jnp.arange(chunk)
-        mask = j[None, :] < ctx[:, None]
-        if sliding_window is not None:
-            mask &= j[None, :] > pos[:, None] - sliding_window
-        # Zero V outside the mask: p = 0 times garbage (NaN/inf in an unused page) is still NaN.
-        vc = jnp.where(mask[:, :, None, None], vc, 0.0)
-        return _merge(m, l, acc, s, mask[:, None, None, :], vc, "thgj,tjhd->thgd")
+        start = b * Bt
+        take = lambda x: lax.dynamic_slice_in_dim(x, start, Bt, axis=0)  # noqa: E731
+        q_b, bt_b, ctx_b, pos_b = take(qf), take(bt), take(ctx), take(pos)
 
-    m, l, acc = lax.fori_loop(0, n_chunks, body, (m, l, acc))
+        def page_chunk(i, inner):
+            m_b, l_b, acc_b = inner
+            pages = lax.dynamic_slice_in_dim(bt_b, i * pages_per_chunk, pages_per_chunk, axis=1)
+            kc = kv_cache[0, pages].reshape(Bt, chunk, Hkv, D).astype(jnp.float32)
+            vc = kv_cache[1, pages].reshape(Bt, chunk, Hkv, D).astype(jnp.float32)
+            s = _scores(jnp.einsum("thgd,tjhd->thgj", q_b, kc), scale, logits_soft_cap)
+            j = i * chunk + jnp.arange(chunk)
+            mask = j[None, :] < ctx_b[:, None]
+            if sliding_window is not None:
+                mask &= j[None, :] > pos_b[:, None] - sliding_window
+            # Zero V outside the mask: p = 0 times garbage (NaN/inf in an unused page) is NaN.
+            vc = jnp.where(mask[:, :, None, None], vc, 0.0)
+            return _merge(m_b, l_b, acc_b, s, mask[:, None, None, :], vc, "thgj,tjhd->thgd")
+
+        n_chunks = (jnp.max(ctx_b) + chunk - 1) // chunk
+        m_b, l_b, acc_b = lax.fori_loop(0, n_chunks, page_chunk, (take(m), take(l), take(acc)))
+        put = lambda x, y: lax.dynamic_update_slice_in_dim(x, y, start, axis=0)  # noqa: E731
+        return put(m, m_b), put(l, l_b), put(acc, acc_b)
+
+    m, l, acc = lax.fori_loop(0, (n_ctx_tokens + Bt - 1) // Bt, token_block, (m, l, acc))
     out = acc / l[..., None]
     return out.reshape(T, Hq, D).astype(q.dtype), kv_cache

@@ -98,9 +98,12 @@ class InputBatch:
     ) -> StepInputs:
         req_ids = list(so.num_scheduled_tokens)
         rows = np.array([self.req_id_to_row[r] for r in req_ids], np.int64)
+        start = self.num_computed_tokens[rows]
+        # Rows with cached context first: attention reads pages only for that leading prefix.
+        order = np.argsort(start == 0, kind="stable")
+        req_ids, rows, start = [req_ids[i] for i in order], rows[order], start[order]
         n_sched = np.array([so.num_scheduled_tokens[r] for r in req_ids], np.int32)
         R, T, bs = len(req_ids), int(n_sched.sum()), self.block_size
-        start = self.num_computed_tokens[rows]
         cu = np.zeros(num_rows_padded + 1, np.int32)
         cu[1 : R + 1] = np.cumsum(n_sched)
         cu[R + 1 :] = T

@@ -66,3 +66,16 @@ def test_prepare_mixed_step():
     so3 = SchedulerOutput([], CachedRequestData(), {}, 0, finished_req_ids={"a", "b"})
     batch.update_states(so3)
     assert len(batch) == 0
+
+
+def test_rows_with_context_come_first():
+    batch = InputBatch(max_num_reqs=4, max_model_len=64, block_size=4)
+    so = SchedulerOutput(
+        scheduled_new_reqs=[_new("fresh", [1, 2, 3], [0]), _new("hit", range(10, 19), [1, 2, 3], computed=8)],
+        scheduled_cached_reqs=CachedRequestData(),
+        num_scheduled_tokens={"fresh": 3, "hit": 1}, total_num_scheduled_tokens=4, finished_req_ids=set())
+    batch.update_states(so)
+    x = batch.prepare_inputs(so, 4, 4, 4)
+    assert x.req_ids == ["hit", "fresh"]
+    assert x.context_lens[:2].tolist() == [8, 0] and x.input_ids.tolist() == [18, 1, 2, 3]
+    assert x.sample_req_ids == ["hit", "fresh"] and x.logits_indices[:2].tolist() == [0, 3]
