@@ -98,7 +98,8 @@ class EngineArgs:
     def create_engine_config(self) -> EngineConfig:
         """Configs before the model is inspected; the engine resolves model-dependent defaults."""
         max_model_len = self.max_model_len or 2048
-        budget = self.max_num_batched_tokens or max(512, min(max_model_len, 2048))
+        # 512 keeps a prefill step short enough not to stall the decodes beside it on CPU.
+        budget = self.max_num_batched_tokens or 512
         return EngineConfig(
             model_config=ModelConfig(
                 model=self.model,
