@@ -69,7 +69,8 @@ class LLMEngine:
         self._counter = itertools.count()
         # first child id -> siblings not yet handed to the scheduler (n > 1)
         self._deferred: dict[str, list[Request]] = {}
-        self.prompt_tokens_total = 0
+        # User-facing ids of unfinished requests (duplicates are refused).
+        self._active_ids: set[str] = set()
         self.generation_tokens_total = 0
         self._last_log = time.monotonic()
         self._last_log_tokens = (0, 0)
@@ -86,8 +87,7 @@ class LLMEngine:
     def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
                     arrival_time: float | None = None) -> None:
         """Validate and queue a request; raises ValueError naming the problem (nothing queued)."""
-        if request_id in self.output_processor.request_states or any(
-                s.parent and s.parent.request_id == request_id for s in self.output_processor.request_states.values()):
+        if request_id in self._active_ids:
             raise ValueError(f"Request id {request_id!r} is already running")
         arrival_time = arrival_time or time.time()
         processed = self.input_processor.process_prompt(prompt)
@@ -109,7 +109,7 @@ class LLMEngine:
         for (child_id, child_params, parent, index) in children:
             self.output_processor.add_request(child_id, processed.prompt, processed.prompt_token_ids,
                                               child_params, arrival_time, parent, index)
-        self.prompt_tokens_total += len(processed.prompt_token_ids) * len(children)
+        self._active_ids.add(request_id)
 
     @staticmethod
     def _fan_out(request_id: str, params: SamplingParams):
@@ -127,6 +127,7 @@ class LLMEngine:
 
     def abort_request(self, request_ids: str | Iterable[str]) -> None:
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        self._active_ids.difference_update(ids)
         core_ids = self.output_processor.abort_requests(ids)
         for req_id in core_ids:
             self._deferred.pop(req_id, None)
@@ -149,6 +150,9 @@ class LLMEngine:
             self._release_siblings(core_outputs)
         self.generation_tokens_total += sum(len(o.new_token_ids) for o in core_outputs)
         request_outputs, to_abort = self.output_processor.process_outputs(core_outputs)
+        for out in request_outputs:
+            if out.finished:
+                self._active_ids.discard(out.request_id)
         if to_abort:  # stop strings end requests the core still thinks are running
             self.scheduler.finish_requests(to_abort, RequestStatus.FINISHED_STOPPED)
         self._maybe_log_stats()
@@ -170,7 +174,7 @@ class LLMEngine:
             "prefix_cache_queries": s.prefix_cache_queries,
             "prefix_cache_hits": s.prefix_cache_hits,
             "num_preemptions_total": s.num_preemptions,
-            "prompt_tokens_total": self.prompt_tokens_total,
+            "prompt_tokens_total": self.output_processor.num_prompt_tokens_done,
             "generation_tokens_total": self.generation_tokens_total,
         }
 
@@ -181,14 +185,15 @@ class LLMEngine:
         elapsed = now - self._last_log
         p0, g0 = self._last_log_tokens
         s = self.get_stats()
+        prompt_total = s["prompt_tokens_total"]
         hit_rate = s["prefix_cache_hits"] / s["prefix_cache_queries"] if s["prefix_cache_queries"] else 0.0
         logger.info(
             "Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, "
             "Running: %d reqs, Waiting: %d reqs, KV cache usage: %.1f%%, Prefix cache hit rate: %.1f%%",
-            (self.prompt_tokens_total - p0) / elapsed, (self.generation_tokens_total - g0) / elapsed,
+            (prompt_total - p0) / elapsed, (self.generation_tokens_total - g0) / elapsed,
             s["num_requests_running"], s["num_requests_waiting"], 100 * s["kv_cache_usage_perc"], 100 * hit_rate)
         self._last_log = now
-        self._last_log_tokens = (self.prompt_tokens_total, self.generation_tokens_total)
+        self._last_log_tokens = (prompt_total, self.generation_tokens_total)
 
 
 class QueueFullError(ValueError):

@@ -60,6 +60,8 @@ class OutputProcessor:
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
         self.request_states: dict[str, RequestState] = {}
+        # Prompt tokens of requests whose prefill finished (vllm:prompt_tokens_total).
+        self.num_prompt_tokens_done = 0
 
     def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
                     params: SamplingParams, arrival_time: float,
@@ -90,7 +92,9 @@ class OutputProcessor:
                 continue
             m = state.metrics
             if out.new_token_ids:
-                m.first_token_time = m.first_token_time or now
+                if m.first_token_time is None:
+                    m.first_token_time = now
+                    self.num_prompt_tokens_done += len(state.prompt_token_ids)
                 m.last_token_time = now
             state.num_cached_tokens = out.num_cached_tokens
             state.token_ids.extend(out.new_token_ids)

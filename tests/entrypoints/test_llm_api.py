@@ -142,3 +142,19 @@ def test_n_siblings_share_prompt_blocks(llm):
     # Siblings 1 and 2 read the first child's full prompt blocks from the prefix cache.
     assert llm.llm_engine.get_stats()["prefix_cache_hits"] - hits_before >= 2 * full_blocks * 16
     assert _usage(llm) == 0.0
+
+
+def test_duplicate_request_id_is_refused_and_prompt_tokens_counted_at_prefill(llm):
+    engine = llm.llm_engine
+    before = engine.get_stats()["prompt_tokens_total"]
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    engine.add_request("dup", [5, 6, 7, 8], params)
+    with pytest.raises(ValueError, match="'dup' is already running"):
+        engine.add_request("dup", [5, 6], params)
+    assert engine.get_stats()["prompt_tokens_total"] == before  # nothing prefilled yet
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert engine.get_stats()["prompt_tokens_total"] == before + 4
+    engine.add_request("dup", [5, 6], params)  # the id is free again once finished
+    while engine.has_unfinished_requests():
+        engine.step()
