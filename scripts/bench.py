@@ -3,6 +3,7 @@
     python scripts/bench.py                       # batch-1 decode + 64 x (128 in / 128 out), jaxlm vs transformers
     python scripts/bench.py --skip-transformers   # jaxlm only
     python scripts/bench.py --bucket-configs      # compare token-bucket lists on one mixed workload
+    python scripts/bench.py --sampling            # decode with every sampling filter on vs greedy
 
 Figures are medians where repeated; run everything in one process so the ratios are taken
 side by side on the same (noisy, shared) machine.
@@ -60,6 +61,32 @@ def bench_jaxlm(args) -> dict:
     return res
 
 
+def bench_sampling(args) -> None:
+    """Decode tok/s with every sampling filter on vs greedy, alternating runs in one engine."""
+    from jaxlm import LLM, SamplingParams
+
+    llm = LLM(model=args.model, max_num_seqs=16, max_model_len=512, max_num_batched_tokens=512)
+    vocab = llm.llm_engine.model_config.hf_config.vocab_size
+    prompts = [{"prompt_token_ids": p} for p in _prompts(16, args.input_len, vocab)]
+    configs = {
+        "greedy": SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True),
+        "all filters": SamplingParams(temperature=0.8, top_k=50, top_p=0.9, min_p=0.05, presence_penalty=0.5,
+                                      frequency_penalty=0.3, repetition_penalty=1.1, logit_bias={100: -2.0},
+                                      logprobs=5, seed=0, max_tokens=args.output_len, ignore_eos=True),
+    }
+    rates: dict[str, list[float]] = {k: [] for k in configs}
+    for _ in range(3):
+        for name, params in configs.items():
+            outs = llm.generate(prompts, params, use_tqdm=False)
+            first = min(o.metrics.first_token_time for o in outs)
+            last = max(o.metrics.finished_time for o in outs)
+            rates[name].append(sum(len(o.outputs[0].token_ids) - 1 for o in outs) / (last - first))
+    for name, r in rates.items():
+        print(f"{name:<12} batch-16 decode tok/s (median of 3): {statistics.median(r):.1f}")
+    g, a = statistics.median(rates["greedy"]), statistics.median(rates["all filters"])
+    print(f"all filters / greedy: {a / g:.2f}")
+
+
 def bench_transformers(args) -> dict:
     import torch
     import transformers
@@ -104,7 +131,7 @@ def bench_transformers(args) -> dict:
 def bench_bucket_configs(args) -> None:
     from jaxlm import LLM, SamplingParams
 
-    configs = {"default": None, "pow2 from 1": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512],
+    configs = {"default": None, "pow4 then pow2": [1, 4, 16, 64, 128, 256, 512],
                "coarse": [16, 128, 512]}
     rows = []
     for name, buckets in configs.items():
@@ -165,12 +192,16 @@ def main() -> None:
                    help="comma-separated token buckets (default: the engine's)")
     p.add_argument("--skip-transformers", action="store_true")
     p.add_argument("--bucket-configs", action="store_true")
+    p.add_argument("--sampling", action="store_true", help="decode with every sampling filter on vs greedy")
     p.add_argument("--json", help="also write the figures here")
     p.add_argument("--workdir", default="/tmp/jaxlm_bench", help="where the GGUF is converted for transformers")
     args = p.parse_args()
     logging.basicConfig(level=logging.WARNING)
     if args.bucket_configs:
         bench_bucket_configs(args)
+        return
+    if args.sampling:
+        bench_sampling(args)
         return
     results = {"jaxlm": bench_jaxlm(args)}
     _print("jaxlm", results["jaxlm"])

@@ -84,7 +84,7 @@ class ModelRunner:
         comp = config.compilation_config
         budget = sched.max_num_batched_tokens
         self.token_buckets = validate_buckets(
-            comp.token_buckets or default_token_buckets(budget, sched.max_num_seqs), budget, "token")
+            comp.token_buckets or default_token_buckets(budget), budget, "token")
         self.seq_buckets = validate_buckets(
             comp.seq_buckets or default_seq_buckets(sched.max_num_seqs), sched.max_num_seqs, "sequence")
         # The hidden-state buffer the body hands to the sampler: the largest sequence bucket.

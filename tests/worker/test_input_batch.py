@@ -15,8 +15,7 @@ def _new(req_id, prompt, blocks, computed=0, output=()):
 def test_buckets():
     assert powers_of_two_up_to(100) == [1, 2, 4, 8, 16, 32, 64, 128]
     assert default_seq_buckets(64) == [1, 4, 16, 64] and default_seq_buckets(8) == [1, 4, 16]
-    assert default_token_buckets(512, 64) == [1, 4, 16, 64, 128, 256, 512]
-    assert default_token_buckets(32, 64) == [1, 4, 16, 32]
+    assert default_token_buckets(512) == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
     assert pick_bucket(17, [8, 16, 32]) == 32 and pick_bucket(16, [8, 16, 32]) == 16
     assert validate_buckets([32, 8, 8], 20, "token") == [8, 32]
     for bad in ([], [0, 8]):
