@@ -8,7 +8,7 @@ from typing import Any
 
 from jaxlm.core.outputs import EngineCoreOutput, FinishReason
 from jaxlm.engine.detokenizer import IncrementalDetokenizer
-from jaxlm.engine.logprobs import LogprobsProcessor
+from jaxlm.engine.logprobs import LogprobsProcessor, TokenDecoder
 from jaxlm.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from jaxlm.sampling_params import RequestOutputKind, SamplingParams
 
@@ -26,7 +26,7 @@ class ParentRequest:
 class RequestState:
     def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
                  params: SamplingParams, tokenizer: Any, arrival_time: float,
-                 parent: ParentRequest | None, index: int):
+                 parent: ParentRequest | None, index: int, token_decoder: TokenDecoder):
         self.request_id = request_id
         self.prompt = prompt
         self.prompt_token_ids = prompt_token_ids
@@ -34,7 +34,7 @@ class RequestState:
         self.parent = parent
         self.index = index
         self.detokenizer = IncrementalDetokenizer(tokenizer, prompt_token_ids, params) if params.detokenize else None
-        self.logprobs = LogprobsProcessor(tokenizer, params)
+        self.logprobs = LogprobsProcessor(tokenizer, params, token_decoder)
         self.token_ids: list[int] = []
         self.sent_tokens = 0
         self.metrics = RequestMetrics(arrival_time=arrival_time)
@@ -60,6 +60,8 @@ class OutputProcessor:
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
         self.request_states: dict[str, RequestState] = {}
+        # One decoded-token cache for all requests: the vocabulary is shared.
+        self.token_decoder = TokenDecoder(tokenizer)
         # Prompt tokens of requests whose prefill finished (vllm:prompt_tokens_total).
         self.num_prompt_tokens_done = 0
 
@@ -67,7 +69,8 @@ class OutputProcessor:
                     params: SamplingParams, arrival_time: float,
                     parent: ParentRequest | None = None, index: int = 0) -> None:
         self.request_states[request_id] = RequestState(
-            request_id, prompt, prompt_token_ids, params, self.tokenizer, arrival_time, parent, index)
+            request_id, prompt, prompt_token_ids, params, self.tokenizer, arrival_time, parent, index,
+            self.token_decoder)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.request_states)

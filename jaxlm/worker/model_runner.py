@@ -147,7 +147,7 @@ class ModelRunner:
 
         return body
 
-    def _sample_fn(self, num_rows: int, variant: Any) -> Callable:
+    def _sample_fn(self, num_rows: int) -> Callable:
         graphdef = self.graphdef
 
         def logits_and_sample(params, hidden, sampling_md):
@@ -179,8 +179,9 @@ class ModelRunner:
     def warm_up(self) -> None:
         """Compile every program the buckets can ask for, ahead of serving."""
         start = time.perf_counter()
-        kv_spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), self.kv_caches)
-        params_spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), self.params)
+        spec = lambda tree: jax.tree.map(  # noqa: E731
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
+        kv_spec, params_spec = spec(self.kv_caches), spec(self.params)
         body_jit = jax.jit(self._body_fn(), donate_argnums=(1,))
         hidden_sel, hidden_all, _ = jax.eval_shape(
             body_jit, params_spec, kv_spec, *self._abstract_step_inputs(self.token_buckets[0]))
@@ -196,7 +197,7 @@ class ModelRunner:
                 self._prompt_lp[size] = jax.jit(self._prompt_logprobs_fn()).lower(params_spec, hidden, ids).compile()
             else:
                 md_spec = self.sampling.dummy_metadata(size, variant)
-                fn = jax.jit(self._sample_fn(size, variant))
+                fn = jax.jit(self._sample_fn(size))
                 self._sample[(size, variant)] = fn.lower(params_spec, hidden_sel, md_spec).compile()
         self.num_programs = len(self._body) + len(self._prompt_lp) + len(self._sample)
         self.warmup_seconds = time.perf_counter() - start
