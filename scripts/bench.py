@@ -34,7 +34,7 @@ def bench_jaxlm(args) -> dict:
     llm = LLM(model=args.model, max_num_seqs=args.num_prompts, max_model_len=512,
               max_num_batched_tokens=args.max_num_batched_tokens, token_buckets=args.token_buckets)
     start_s = time.perf_counter() - t0
-    runner = llm.llm_engine.executor.worker.model_runner
+    runner = llm.llm_engine.get_model_runner()
     vocab = llm.llm_engine.model_config.hf_config.vocab_size
     params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
     res = {"startup_s": start_s, "warmup_s": runner.warmup_seconds, "programs": runner.num_programs}
@@ -137,7 +137,7 @@ def bench_bucket_configs(args) -> None:
     for name, buckets in configs.items():
         llm = LLM(model=args.model, max_num_seqs=32, max_model_len=512, max_num_batched_tokens=512,
                   token_buckets=buckets, compilation_cache_dir="")
-        runner = llm.llm_engine.executor.worker.model_runner
+        runner = llm.llm_engine.get_model_runner()
         vocab = llm.llm_engine.model_config.hf_config.vocab_size
         rng = np.random.default_rng(0)
         prompts = [{"prompt_token_ids": rng.integers(100, vocab - 100, int(n)).tolist()}

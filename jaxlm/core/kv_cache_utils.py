@@ -5,6 +5,19 @@ from __future__ import annotations
 import dataclasses
 from typing import NamedTuple, Sequence
 
+@dataclasses.dataclass(frozen=True)
+class KVCacheSpec:
+    """Shape of a model's paged KV cache: one [2, blocks, block_size, kv_heads, head_dim] array per layer."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+
+    def bytes_per_block(self, block_size: int, itemsize: int) -> int:
+        """K and V of one block over every layer."""
+        return 2 * self.num_layers * block_size * self.num_kv_heads * self.head_dim * itemsize
+
+
 # Parent "hash" of a sequence's first block: any fixed value works, it only has to be shared.
 _ROOT_HASH = 0x6A61786C6D  # "jaxlm"
 

@@ -10,7 +10,7 @@ import numpy as np
 
 @dataclasses.dataclass
 class LogprobsLists:
-    """Top-k logprobs of sampled positions: rows follow ModelRunnerOutput.req_ids.
+    """Top-k logprobs: row i of a step's logprobs belongs to ModelRunnerOutput.req_ids[i].
 
     token_ids[i] / logprobs[i] hold the sampled token first, then the top-k; ranks[i] is the
     sampled token's rank (1 = most likely) in the unfiltered distribution.
@@ -23,13 +23,20 @@ class LogprobsLists:
 
 @dataclasses.dataclass
 class ModelRunnerOutput:
-    # Requests of the step, in the runner's order.
+    # Requests of the step, in the runner's order, and each one's index in that order.
     req_ids: list[str]
-    # Per request: tokens sampled this step ([] while a prompt is still being prefilled).
+    req_id_to_index: dict[str, int]
+    # Per request (req_ids order): tokens sampled this step ([] while a prompt is being prefilled).
     sampled_token_ids: list[list[int]]
+    # One row per request, req_ids order (zeros for requests that sampled nothing this step).
     logprobs: LogprobsLists | None = None
     # req_id -> prompt logprobs of the positions computed this step (same layout as logprobs).
     prompt_logprobs: dict[str, LogprobsLists] = dataclasses.field(default_factory=dict)
+
+
+    @classmethod
+    def empty(cls) -> "ModelRunnerOutput":
+        return cls(req_ids=[], req_id_to_index={}, sampled_token_ids=[])
 
 
 class FinishReason(enum.Enum):

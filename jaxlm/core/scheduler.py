@@ -199,8 +199,7 @@ class Scheduler:
         self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
     ) -> list[EngineCoreOutput]:
         outputs, self._pending_outputs = self._pending_outputs, []
-        req_index = {rid: i for i, rid in enumerate(model_runner_output.req_ids)}
-        row_offsets = _logprob_row_offsets(model_runner_output)
+        req_index = model_runner_output.req_id_to_index
         kv = self.kv_cache_manager
         finished: set[str] = set()
         for rid, num_scheduled in scheduler_output.num_scheduled_tokens.items():
@@ -220,11 +219,8 @@ class Scheduler:
                 if self._check_stop(request):
                     break
             new_logprobs = None
-            if new_token_ids and i is not None and row_offsets is not None:
-                start = row_offsets[i]
-                new_logprobs = _slice_logprobs(
-                    model_runner_output.logprobs, start, start + len(new_token_ids)
-                )
+            if new_token_ids and model_runner_output.logprobs is not None:
+                new_logprobs = _slice_logprobs(model_runner_output.logprobs, i, i + 1)
             prompt_logprobs = model_runner_output.prompt_logprobs.get(rid)
             finished_now = request.status > RequestStatus.PREEMPTED
             if finished_now:
@@ -324,17 +320,6 @@ class Scheduler:
             prefix_cache_hits=pc.hits,
             num_preemptions=self.num_preemptions,
         )
-
-
-def _logprob_row_offsets(out: ModelRunnerOutput) -> list[int] | None:
-    """Row of each request's first sampled token in out.logprobs (rows follow req_ids)."""
-    if out.logprobs is None:
-        return None
-    num_rows = out.logprobs.token_ids.shape[0]
-    if num_rows == len(out.req_ids):
-        return list(range(num_rows))  # one row per request, even for [] samples
-    # One row per sampled token (several tokens per request).
-    return list(itertools.accumulate((len(t) for t in out.sampled_token_ids), initial=0))
 
 
 def _slice_logprobs(lp: LogprobsLists, start: int, stop: int) -> LogprobsLists:

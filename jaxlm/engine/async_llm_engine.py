@@ -17,7 +17,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
-from jaxlm.engine.llm_engine import QueueFullError  # re-exported: the server maps it to 429
+from jaxlm.engine.exceptions import EngineDeadError, QueueFullError
 from jaxlm.outputs import RequestOutput
 from jaxlm.sampling_params import SamplingParams
 
@@ -31,10 +31,6 @@ logger = logging.getLogger(__name__)
 
 # Publish engine stats at most this often while busy (always when going idle).
 _STATS_INTERVAL_S = 0.05
-
-
-class EngineDeadError(RuntimeError):
-    """The engine loop died; no request can be served any more."""
 
 
 @dataclasses.dataclass

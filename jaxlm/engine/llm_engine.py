@@ -11,6 +11,7 @@ from typing import Any, Iterable
 from jaxlm.core.request import Request, RequestStatus
 from jaxlm.core.scheduler import Scheduler
 from jaxlm.engine.arg_utils import EngineArgs
+from jaxlm.engine.exceptions import QueueFullError
 from jaxlm.engine.input_processor import InputProcessor, PromptType
 from jaxlm.engine.output_processor import OutputProcessor, ParentRequest
 from jaxlm.executor.abstract import Executor
@@ -81,6 +82,10 @@ class LLMEngine:
 
     def get_tokenizer(self) -> Any:
         return self.tokenizer
+
+    def get_model_runner(self) -> Any:
+        """The in-process ModelRunner (compile guard, bucket and padding counters): tests and benches."""
+        return self.executor.get_model_runner()
 
     # ---- requests ------------------------------------------------------------------------
 
@@ -194,7 +199,3 @@ class LLMEngine:
             s["num_requests_running"], s["num_requests_waiting"], 100 * s["kv_cache_usage_perc"], 100 * hit_rate)
         self._last_log = now
         self._last_log_tokens = (prompt_total, self.generation_tokens_total)
-
-
-class QueueFullError(ValueError):
-    """The waiting queue is past max_num_queued_reqs (the server answers 429)."""

@@ -34,5 +34,9 @@ class Executor(abc.ABC):
     @abc.abstractmethod
     def initialize_cache(self, num_blocks: int) -> None: ...
 
+    def get_model_runner(self):
+        """The runner of this process's worker (in-process executors only)."""
+        return self.worker.model_runner
+
     @abc.abstractmethod
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput: ...

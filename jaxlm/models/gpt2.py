@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh
 
+from jaxlm.core.kv_cache_utils import KVCacheSpec
 from jaxlm.models.base import CausalLMBase, WeightTarget, init_common
 from jaxlm.models.layers import COLUMN, ROW, Embedding, LayerNorm, Linear, LMHead, get_act_fn
 from jaxlm.models.utils import HF_AS_IS
@@ -164,8 +165,8 @@ class GPT2LMHeadModel(CausalLMBase):
         return self.transformer.wte
 
     @staticmethod
-    def get_kv_cache_spec(config: Any) -> tuple[int, int, int]:
-        return config.n_layer, config.n_head, config.n_embd // config.n_head
+    def get_kv_cache_spec(config: Any) -> KVCacheSpec:
+        return KVCacheSpec(config.n_layer, config.n_head, config.n_embd // config.n_head)
 
 
 def _cols(j: int, n: int):

@@ -17,6 +17,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from jaxlm.attention.metadata import AttentionMetadata
+from jaxlm.core.kv_cache_utils import KVCacheSpec
 from jaxlm.models.base import CausalLMBase, init_common
 from jaxlm.models.layers import COLUMN, ROW, Embedding, Linear, LMHead, RMSNorm, get_act_fn
 from jaxlm.models.rotary import RotaryEmbedding
@@ -189,11 +190,11 @@ class LlamaForCausalLM(CausalLMBase):
         return self.model.embed_tokens
 
     @staticmethod
-    def get_kv_cache_spec(config: Any) -> tuple[int, int, int]:
+    def get_kv_cache_spec(config: Any) -> KVCacheSpec:
         heads = config.num_attention_heads
         kv_heads = getattr(config, "num_key_value_heads", None) or heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-        return config.num_hidden_layers, kv_heads, head_dim
+        return KVCacheSpec(config.num_hidden_layers, kv_heads, head_dim)
 
 
 class MistralForCausalLM(LlamaForCausalLM):

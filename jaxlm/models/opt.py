@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh
 
+from jaxlm.core.kv_cache_utils import KVCacheSpec
 from jaxlm.models.base import CausalLMBase, init_common
 from jaxlm.models.layers import COLUMN, REPLICATED, ROW, Embedding, LayerNorm, Linear, LMHead, get_act_fn
 
@@ -163,5 +164,6 @@ class OPTForCausalLM(CausalLMBase):
         return self.model.decoder.embed_tokens
 
     @staticmethod
-    def get_kv_cache_spec(config: Any) -> tuple[int, int, int]:
-        return config.num_hidden_layers, config.num_attention_heads, config.hidden_size // config.num_attention_heads
+    def get_kv_cache_spec(config: Any) -> KVCacheSpec:
+        heads = config.num_attention_heads
+        return KVCacheSpec(config.num_hidden_layers, heads, config.hidden_size // heads)

@@ -10,7 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from jaxlm.engine.async_llm_engine import EngineDeadError, QueueFullError
+from jaxlm.engine.exceptions import EngineDeadError, QueueFullError
 from jaxlm.serve.protocol import ErrorInfo, ErrorResponse
 
 logger = logging.getLogger(__name__)

@@ -14,7 +14,8 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
-from jaxlm.engine.async_llm_engine import AsyncLLMEngine, QueueFullError
+from jaxlm.engine.async_llm_engine import AsyncLLMEngine
+from jaxlm.engine.exceptions import QueueFullError
 from jaxlm.outputs import CompletionOutput, Logprob, RequestOutput
 from jaxlm.sampling_params import SamplingParams
 from jaxlm.serve.errors import OpenAIError, error_response, to_openai_error

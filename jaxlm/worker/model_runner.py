@@ -92,7 +92,6 @@ class ModelRunner:
 
         self.graphdef, self.params = nnx.split(model)
         hf_config = config.model_config.hf_config
-        # (num_layers, num_kv_heads, head_dim) of the paged cache.
         self.kv_cache_spec = type(model).get_kv_cache_spec(hf_config)
         self.vocab_size = int(hf_config.vocab_size)
         self.input_batch = InputBatch(sched.max_num_seqs, sched.max_model_len, self.block_size)
@@ -117,11 +116,12 @@ class ModelRunner:
     # ---- KV cache -------------------------------------------------------------------------
 
     def initialize_kv_cache(self, num_blocks: int, dtype: jnp.dtype) -> None:
-        num_layers, num_kv_heads, head_dim = self.kv_cache_spec
-        shape = (2, num_blocks, self.block_size, num_kv_heads, head_dim)
-        sharding = self._kv_sharding(num_kv_heads)
-        self.kv_caches = [jnp.zeros(shape, dtype, device=sharding) for _ in range(num_layers)]
-        logger.info("KV cache: %d blocks x %d tokens, %d layers, %s", num_blocks, self.block_size, num_layers, dtype)
+        spec = self.kv_cache_spec
+        shape = (2, num_blocks, self.block_size, spec.num_kv_heads, spec.head_dim)
+        sharding = self._kv_sharding(spec.num_kv_heads)
+        self.kv_caches = [jnp.zeros(shape, dtype, device=sharding) for _ in range(spec.num_layers)]
+        logger.info("KV cache: %d blocks x %d tokens, %d layers, %s",
+                    num_blocks, self.block_size, spec.num_layers, dtype)
 
     def _kv_sharding(self, num_kv_heads: int):
         if self.mesh is None:
@@ -222,7 +222,7 @@ class ModelRunner:
             if new.sampling_params.prompt_logprobs is not None and not new.output_token_ids:
                 self._prompt_lp_reqs[new.req_id] = new.sampling_params.prompt_logprobs
         if so.total_num_scheduled_tokens == 0:
-            return ModelRunnerOutput(req_ids=[], sampled_token_ids=[])
+            return ModelRunnerOutput.empty()
 
         T = pick_bucket(so.total_num_scheduled_tokens, self.token_buckets)
         inputs = self.input_batch.prepare_inputs(so, T, self._rows_for(T), self.sample_capacity)
@@ -249,6 +249,7 @@ class ModelRunner:
                 logprobs = self._logprobs_rows(inputs, out, n)
         return ModelRunnerOutput(
             req_ids=inputs.req_ids,
+            req_id_to_index={r: i for i, r in enumerate(inputs.req_ids)},
             sampled_token_ids=[[sampled[r]] if r in sampled else [] for r in inputs.req_ids],
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,

@@ -52,9 +52,8 @@ class Worker:
         self.model_runner = ModelRunner(self.config, model, self.mesh)
 
     def bytes_per_block(self) -> int:
-        num_layers, num_kv_heads, head_dim = self.model_runner.kv_cache_spec
-        itemsize = np.dtype(self.dtype).itemsize
-        return 2 * num_layers * self.config.cache_config.block_size * num_kv_heads * head_dim * itemsize
+        return self.model_runner.kv_cache_spec.bytes_per_block(
+            self.config.cache_config.block_size, np.dtype(self.dtype).itemsize)
 
     def determine_num_available_blocks(self) -> int:
         cache = self.config.cache_config

@@ -102,7 +102,8 @@ class FakeRunner:
                 logprobs=-np.arange(len(req_ids), dtype=np.float32)[:, None].repeat(2, 1),
                 ranks=np.ones(len(req_ids), np.int64),
             )
-        return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=sampled, logprobs=lp)
+        return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                                 sampled_token_ids=sampled, logprobs=lp)
 
 
 def check_block_invariants(sched: Scheduler) -> None:

@@ -232,6 +232,7 @@ def test_logprobs_rows_follow_requests():
     mro = runner.execute_model(so)
     # put b's empty row first: a's logprobs are then row 1 (rows follow req_ids, one per request)
     mro.req_ids.reverse()
+    mro.req_id_to_index = {r: i for i, r in enumerate(mro.req_ids)}
     mro.sampled_token_ids.reverse()
     mro.logprobs.token_ids = mro.logprobs.token_ids[::-1]  # logprobs stay -row: identify the row
     outs = {o.req_id: o for o in sched.update_from_output(so, mro)}
@@ -244,6 +245,7 @@ def test_logprobs_rows_follow_requests():
     mro = runner.execute_model(so)
     # rows follow the runner's order, whatever it is: reverse it
     mro.req_ids.reverse()
+    mro.req_id_to_index = {r: i for i, r in enumerate(mro.req_ids)}
     mro.sampled_token_ids.reverse()
     mro.logprobs.token_ids = mro.logprobs.token_ids[::-1]
     outs = {o.req_id: o for o in sched.update_from_output(so, mro)}
@@ -269,7 +271,7 @@ def test_token_sampled_during_a_partial_prefill_is_discarded():
     so = sched.schedule()
     assert so.num_scheduled_tokens == {"a": 8}
     # a runner that samples every row: the token of a prompt chunk is not an output
-    assert sched.update_from_output(so, ModelRunnerOutput(["a"], [[999]])) == []
+    assert sched.update_from_output(so, ModelRunnerOutput(["a"], {"a": 0}, [[999]])) == []
     req = sched.requests["a"]
     assert req.output_token_ids == [] and req.num_computed_tokens == 8 and req.num_tokens == 20
 

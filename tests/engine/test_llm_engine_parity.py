@@ -68,4 +68,4 @@ def test_greedy_matches_transformers(model_dir, case):
         assert stats["num_preemptions_total"] > 0
     # Nothing leaks: every block is back in the pool once all requests are done.
     assert stats["kv_cache_usage_perc"] == 0.0
-    assert llm.llm_engine.executor.worker.model_runner.num_compiles_after_warmup == 0
+    assert llm.llm_engine.get_model_runner().num_compiles_after_warmup == 0

@@ -116,8 +116,8 @@ class PagedBatchBuilder:
 
 
 def make_kv_caches(
-    kv_cache_spec: tuple[int, int, int], num_blocks: int, block_size: int, dtype=jnp.float32
+    kv_cache_spec, num_blocks: int, block_size: int, dtype=jnp.float32
 ) -> list[jnp.ndarray]:
     """One zeroed cache per layer, [2, num_blocks, block_size, num_kv_heads, head_dim]."""
-    num_layers, kv_heads, head_dim = kv_cache_spec
+    num_layers, kv_heads, head_dim = kv_cache_spec.num_layers, kv_cache_spec.num_kv_heads, kv_cache_spec.head_dim
     return [jnp.zeros((2, num_blocks, block_size, kv_heads, head_dim), dtype) for _ in range(num_layers)]

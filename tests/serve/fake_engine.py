@@ -16,7 +16,7 @@ from typing import Any
 from transformers import AutoTokenizer
 
 from jaxlm.engine.arg_utils import EngineArgs
-from jaxlm.engine.async_llm_engine import QueueFullError
+from jaxlm.engine.exceptions import QueueFullError
 from jaxlm.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from jaxlm.sampling_params import RequestOutputKind, SamplingParams
 

@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from jaxlm.engine.async_llm_engine import AsyncLLMEngine, EngineDeadError
+from jaxlm.engine.async_llm_engine import AsyncLLMEngine
+from jaxlm.engine.exceptions import EngineDeadError
 from jaxlm.sampling_params import RequestOutputKind, SamplingParams
 from tests.serve.conftest import wait_for
 from tests.serve.fake_engine import FakeLLMEngine

@@ -28,20 +28,20 @@ def _mixed_workload(llm):
 
 
 def test_program_count_is_a_sum(llm):
-    runner = llm.llm_engine.executor.worker.model_runner
+    runner = llm.llm_engine.get_model_runner()
     # len(token_buckets) x (body, prompt logprobs) + len(seq_buckets) x sampler variants.
     assert runner.num_programs == 2 * 2 + 2 * 5
 
 
 def test_no_compile_after_warmup(llm):
-    runner = llm.llm_engine.executor.worker.model_runner
+    runner = llm.llm_engine.get_model_runner()
     outs = _mixed_workload(llm)
     assert all(o.finished for o in outs)
     assert runner.num_compiles_after_warmup == 0
 
 
 def test_guard_counts_a_compile_inside_a_step(llm, monkeypatch):
-    runner = llm.llm_engine.executor.worker.model_runner
+    runner = llm.llm_engine.get_model_runner()
     before = runner.num_compiles_after_warmup
     original = runner._device_inputs
     fresh = jax.jit(lambda x: x * 3 + 1)
