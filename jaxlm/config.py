@@ -18,6 +18,13 @@ class ModelConfig:
     max_model_len: int | None = None
     seed: int = 0
     served_model_name: list[str] | None = None
+    # Default sampling: "auto" = the model's generation_config.json, "vllm" = SamplingParams'
+    # defaults, or a directory holding a generation_config.json (vLLM's --generation-config).
+    generation_config: str = "auto"
+    # Overrides on top of the generation config (vLLM's --override-generation-config).
+    override_generation_config: dict[str, Any] | None = None
+    # Most logprobs a request may ask for (vLLM's --max-logprobs).
+    max_logprobs: int = 20
     # Filled by jaxlm.model_loader.resolve_model_config(): the transformers config.
     hf_config: Any = None
 

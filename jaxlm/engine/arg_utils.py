@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 
 from jaxlm.config import (
     CacheConfig,
@@ -29,6 +30,9 @@ class EngineArgs:
     max_model_len: int | None = None
     seed: int = 0
     served_model_name: list[str] | None = None
+    generation_config: str = "auto"
+    override_generation_config: dict | None = None
+    max_logprobs: int = 20
     block_size: int = 16
     gpu_memory_utilization: float = 0.9
     kv_cache_memory: int | None = None
@@ -53,6 +57,9 @@ class EngineArgs:
         "max_model_len": "longest prompt + output in tokens (default: the model's, capped at 2048 on CPU)",
         "seed": "engine seed for requests without their own",
         "served_model_name": "model name(s) the server answers to (default: the model path)",
+        "generation_config": "default sampling: auto (the model's generation_config.json), vllm (SamplingParams' defaults) or a directory",
+        "override_generation_config": "JSON object overriding the generation config, e.g. '{\"temperature\": 0.5}'",
+        "max_logprobs": "most logprobs (and prompt logprobs) a request may ask for",
         "block_size": "tokens per KV-cache block",
         "gpu_memory_utilization": "fraction of device memory for weights + KV cache",
         "kv_cache_memory": "bytes of KV cache (overrides --gpu-memory-utilization)",
@@ -81,6 +88,8 @@ class EngineArgs:
                 parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
             elif name == "served_model_name":
                 parser.add_argument(flag, nargs="+", default=default, help=help_text)
+            elif name == "override_generation_config":
+                parser.add_argument(flag, type=json.loads, default=default, help=help_text)
             elif name in ("token_buckets", "seq_buckets"):
                 parser.add_argument(flag, type=_int_list, default=default, help=help_text)
             elif field.type in ("int", "int | None"):
@@ -108,6 +117,9 @@ class EngineArgs:
                 max_model_len=self.max_model_len,
                 seed=self.seed,
                 served_model_name=self.served_model_name,
+                generation_config=self.generation_config,
+                override_generation_config=self.override_generation_config,
+                max_logprobs=self.max_logprobs,
             ),
             cache_config=CacheConfig(
                 block_size=self.block_size,
