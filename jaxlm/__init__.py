@@ -2,6 +2,7 @@
 
 from importlib import metadata as _metadata
 
+from jaxlm.engine.arg_utils import EngineArgs  # light: the configs only
 from jaxlm.outputs import CompletionOutput, Logprob, RequestOutput
 from jaxlm.sampling_params import RequestOutputKind, SamplingParams
 
@@ -24,8 +25,4 @@ def __getattr__(name: str):
         from jaxlm.engine.llm_engine import LLMEngine
 
         return LLMEngine
-    if name == "EngineArgs":
-        from jaxlm.engine.arg_utils import EngineArgs
-
-        return EngineArgs
     raise AttributeError(f"module 'jaxlm' has no attribute {name!r}")
