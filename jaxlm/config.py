@@ -53,7 +53,8 @@ def human_readable_int(text: str) -> int:
     if suffix in _DECIMAL:
         return int(float(number) * _DECIMAL[suffix])
     if "." in number:
-        raise ValueError(f"{text!r}: no decimals with binary suffixes like {suffix}; did you mean {number}{suffix.lower()}?")
+        raise ValueError(f"{text!r}: no decimals with binary suffixes like {suffix}; "
+                         f"did you mean {number}{suffix.lower()}?")
     return int(number) * _BINARY[suffix]
 
 

@@ -12,7 +12,18 @@ import dataclasses
 import logging
 from typing import Any
 
-from jaxlm.config import ARG_CONFIGS, EngineConfig, arg_fields
+from jaxlm.config import (
+    ARG_CONFIGS,
+    CacheConfig,
+    CompilationConfig,
+    EngineConfig,
+    LoadConfig,
+    ModelConfig,
+    ObservabilityConfig,
+    ParallelConfig,
+    SchedulerConfig,
+    arg_fields,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -81,20 +92,18 @@ class _EngineArgsMethods:
     def create_engine_config(self) -> EngineConfig:
         """Configs before the model is inspected; the engine resolves model-dependent values
         (ModelConfig.max_model_len, then SchedulerConfig.max_model_len from it)."""
-        from jaxlm import config as c
-
-        model_config = self._build(c.ModelConfig)
+        model_config = self._build(ModelConfig)
         if model_config.trust_remote_code:
             logger.warning("trust_remote_code=True has no effect: jaxlm never runs a model's remote code")
         return self._build(
             EngineConfig,
             model_config=model_config,
-            cache_config=self._build(c.CacheConfig),
-            scheduler_config=self._build(c.SchedulerConfig, max_model_len=model_config.max_model_len),
-            parallel_config=self._build(c.ParallelConfig),
-            load_config=self._build(c.LoadConfig),
-            compilation_config=self._build(c.CompilationConfig),
-            observability_config=self._build(c.ObservabilityConfig),
+            cache_config=self._build(CacheConfig),
+            scheduler_config=self._build(SchedulerConfig, max_model_len=model_config.max_model_len),
+            parallel_config=self._build(ParallelConfig),
+            load_config=self._build(LoadConfig),
+            compilation_config=self._build(CompilationConfig),
+            observability_config=self._build(ObservabilityConfig),
         )
 
 
