@@ -147,6 +147,8 @@ class ModelConfig:
         if self.chat_template is not None and os.path.isfile(self.chat_template):
             with open(self.chat_template, encoding="utf-8") as f:
                 self.chat_template = f.read()
+        elif self.chat_template is not None and not any(c in self.chat_template for c in "{}\n"):
+            raise ValueError(f"chat_template {self.chat_template!r} looks like a path, but no such file exists")
 
 
 @dataclasses.dataclass

@@ -114,6 +114,11 @@ def test_bad_flags_are_refused_naming_the_problem(argv, needle, capsys):
     assert needle in capsys.readouterr().err
 
 
+def test_chat_template_missing_file_is_refused():
+    with pytest.raises(ValueError, match="looks like a path, but no such file exists"):
+        _config("--chat-template", "templates/none.jinja")
+
+
 def test_enforce_eager_refused_clearly():
     with pytest.raises(ValueError, match="enforce_eager=True is not supported"):
         _config("--enforce-eager")
