@@ -1,9 +1,15 @@
 """jaxlm: LLM inference and serving on JAX/XLA with vLLM's architecture and API."""
 
+from importlib import metadata as _metadata
+
+from jaxlm.engine.arg_utils import EngineArgs  # light: the configs only
 from jaxlm.outputs import CompletionOutput, Logprob, RequestOutput
 from jaxlm.sampling_params import RequestOutputKind, SamplingParams
 
-__version__ = "0.1.0"
+try:  # the one version: pyproject.toml's, through the installed package's metadata
+    __version__ = _metadata.version("jaxlm")
+except _metadata.PackageNotFoundError:  # a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob", "RequestOutputKind",
            "EngineArgs", "LLMEngine", "__version__"]
@@ -19,8 +25,4 @@ def __getattr__(name: str):
         from jaxlm.engine.llm_engine import LLMEngine
 
         return LLMEngine
-    if name == "EngineArgs":
-        from jaxlm.engine.arg_utils import EngineArgs
-
-        return EngineArgs
     raise AttributeError(f"module 'jaxlm' has no attribute {name!r}")

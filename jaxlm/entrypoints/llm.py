@@ -16,18 +16,42 @@ from jaxlm.sampling_params import RequestOutputKind, SamplingParams
 
 ChatMessages = list[dict[str, Any]]
 
+# vLLM's LLM(...) arguments that jaxlm has no field for: accepted at the value that means what
+# jaxlm always does, refused with a clear message otherwise.
+_VLLM_FIXED_ARGS: dict[str, tuple[Any, str]] = {
+    "tokenizer_mode": ("auto", "jaxlm loads HF fast tokenizers only"),
+    "skip_tokenizer_init": (False, "jaxlm always loads the tokenizer"),
+    "tokenizer_revision": (None, "pass a tokenizer directory as tokenizer="),
+    "quantization": (None, "jaxlm has no quantized kernels (a GGUF file is dequantized when loaded)"),
+    "kv_cache_dtype": ("auto", "the KV cache is kept in the model's dtype"),
+    "enable_chunked_prefill": (True, "jaxlm always chunks prefills into the step budget"),
+    "cpu_offload_gb": (0, "jaxlm does not offload weights"),
+    "enable_lora": (False, "LoRA adapters are not supported"),
+    "speculative_config": (None, "speculative decoding is not supported"),
+    "hf_overrides": (None, "the model's config.json is used as it is"),
+}
+
+
+def _engine_args(model: str | None, kwargs: dict[str, Any]) -> EngineArgs:
+    fields = {f.name for f in dataclasses.fields(EngineArgs)}
+    for name in sorted(set(kwargs) & set(_VLLM_FIXED_ARGS)):
+        expected, why = _VLLM_FIXED_ARGS[name]
+        if kwargs.pop(name) != expected:
+            raise ValueError(f"{name}={expected!r} is the only value jaxlm supports: {why}")
+    unknown = set(kwargs) - fields
+    if unknown:
+        raise TypeError(f"Unknown engine argument(s): {', '.join(sorted(unknown))} "
+                        "(jaxlm's are the fields of jaxlm.EngineArgs)")
+    return EngineArgs(model=model, **kwargs)
+
 
 class LLM:
     """An offline engine. `model=None` serves the embedded default (SmolLM2-135M-Instruct)."""
 
-    def __init__(self, model: str | None = None, tokenizer: str | None = None, dtype: str = "auto",
-                 seed: int = 0, **kwargs: Any):
-        fields = {f.name for f in dataclasses.fields(EngineArgs)}
-        unknown = set(kwargs) - fields
-        if unknown:
-            raise TypeError(f"Unknown engine argument(s): {', '.join(sorted(unknown))}")
-        args = EngineArgs(model=model, tokenizer=tokenizer, dtype=dtype, seed=seed, **kwargs)
-        self.llm_engine = LLMEngine.from_engine_args(args)
+    def __init__(self, model: str | None = None, **kwargs: Any):
+        """``kwargs``: any EngineArgs field (tokenizer=, dtype=, max_model_len=, trust_remote_code=,
+        revision=, max_logprobs=, ...), as vLLM's LLM takes them."""
+        self.llm_engine = LLMEngine.from_engine_args(_engine_args(model, kwargs))
         self._request_counter = itertools.count()
 
     def get_tokenizer(self) -> Any:

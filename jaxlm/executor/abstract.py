@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import abc
+import importlib
+from typing import Any
 
 from jaxlm.config import EngineConfig
 from jaxlm.core.outputs import ModelRunnerOutput
 from jaxlm.core.sched_output import SchedulerOutput
+
+# Executors by qualified name (resolved on use, as vLLM's distributed_executor_backend): the
+# interface never imports its implementations, so there is no import cycle.
+_UNIPROC_EXECUTOR = "jaxlm.executor.uniproc_executor:UniProcExecutor"
 
 
 class Executor(abc.ABC):
@@ -17,13 +23,17 @@ class Executor(abc.ABC):
     @staticmethod
     def get_class(config: EngineConfig) -> type["Executor"]:
         parallel = config.parallel_config
-        if parallel.tensor_parallel_size * parallel.data_parallel_size == 1:
-            from jaxlm.executor.uniproc_executor import UniProcExecutor
-
-            return UniProcExecutor
-        raise NotImplementedError(
-            "tensor_parallel_size/data_parallel_size > 1 need the mesh executor, which is not built yet"
-        )
+        if parallel.pipeline_parallel_size > 1:
+            raise NotImplementedError(
+                f"pipeline_parallel_size={parallel.pipeline_parallel_size}: pipeline parallelism is not "
+                "supported; the mesh executor (tensor/data parallel, not built yet) will not do it either")
+        if parallel.world_size > 1:
+            raise NotImplementedError(
+                f"tensor_parallel_size={parallel.tensor_parallel_size}, data_parallel_size="
+                f"{parallel.data_parallel_size}: more than one device needs the mesh executor, which is "
+                "not built yet; use 1 (UniProcExecutor)")
+        module, name = _UNIPROC_EXECUTOR.split(":")
+        return getattr(importlib.import_module(module), name)
 
     @abc.abstractmethod
     def _init_executor(self) -> None: ...
@@ -34,7 +44,7 @@ class Executor(abc.ABC):
     @abc.abstractmethod
     def initialize_cache(self, num_blocks: int) -> None: ...
 
-    def get_model_runner(self):
+    def get_model_runner(self) -> Any:
         """The runner of this process's worker (in-process executors only)."""
         return self.worker.model_runner
 

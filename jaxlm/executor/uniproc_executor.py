@@ -8,11 +8,13 @@ import numpy as np
 from jaxlm.core.outputs import ModelRunnerOutput
 from jaxlm.core.sched_output import SchedulerOutput
 from jaxlm.executor.abstract import Executor
+from jaxlm.executor.compilation_cache import configure_compilation_cache
 from jaxlm.worker.worker import Worker
 
 
 class UniProcExecutor(Executor):
     def _init_executor(self) -> None:
+        configure_compilation_cache(self.config.compilation_config)  # engine start: once, before compiling
         # Auto axes: GSPMD propagates shardings (explicit axes would demand them on every gather).
         mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("data", "model"))
         self.worker = Worker(self.config, mesh)

@@ -8,7 +8,7 @@ import os
 import shutil
 from typing import Any
 
-from jaxlm.config import ModelConfig
+from jaxlm.config import ModelConfig, jaxlm_cache_root
 from jaxlm.model_loader.errors import NoWeightsError
 from jaxlm.model_loader.formats import default_model_path, detect_load_format, find_gguf_file, model_dir
 
@@ -23,8 +23,8 @@ def _gguf_chat_template(gguf_path: str) -> str | None:
 
 def _cache_dir(gguf_path: str) -> str | None:
     """Where the tokenizer converted from a GGUF is kept (converting takes seconds; loading ms)."""
-    root = os.environ.get("JAXLM_CACHE_DIR", os.path.join(os.path.expanduser("~"), ".cache", "jaxlm"))
-    if not root:
+    root = jaxlm_cache_root()
+    if root is None:
         return None
     import transformers
 
@@ -113,7 +113,7 @@ def get_tokenizer(model_config: ModelConfig, **kwargs: Any) -> Any:
 
     A directory with tokenizer files wins; otherwise a GGUF's embedded vocab is converted by
     transformers (without torch when it is not installed), its chat template taken from the GGUF
-    metadata, and the result cached under $JAXLM_CACHE_DIR (default ~/.cache/jaxlm; "" = off).
+    metadata, and the result cached under jaxlm_cache_root()/tokenizers ($JAXLM_CACHE_DIR, "" = off).
     """
     from transformers import AutoTokenizer
 

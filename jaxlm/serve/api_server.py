@@ -69,14 +69,14 @@ class AuthenticationMiddleware:
     """Bearer-token check on /v1/* (probes like /health and /metrics stay open). Plain ASGI, not
     BaseHTTPMiddleware, so streamed responses and disconnect events pass through untouched."""
 
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
+    def __init__(self, app: ASGIApp, api_keys: list[str]) -> None:
         self.app = app
-        self.expected = f"Bearer {api_key}".encode()
+        self.expected = [f"Bearer {key}".encode() for key in api_keys]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] != "OPTIONS" and scope["path"].startswith("/v1"):
             given = Headers(scope=scope).get("authorization", "").encode()
-            if not hmac.compare_digest(given, self.expected):
+            if not any([hmac.compare_digest(given, key) for key in self.expected]):  # every key: constant time
                 await error_json("Unauthorized: missing or invalid API key", 401)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
@@ -124,10 +124,10 @@ def _respond(result: Any) -> Response:
 def build_app(args: argparse.Namespace) -> FastAPI:
     app = FastAPI(title="jaxlm OpenAI-compatible server", version=jaxlm_version())
     install_error_handlers(app)
-    api_key = getattr(args, "api_key", None)
+    api_keys = getattr(args, "api_key", None) or []  # --api-key: a list (several keys), as vLLM
 
-    if api_key:
-        app.add_middleware(AuthenticationMiddleware, api_key=api_key)
+    if api_keys:
+        app.add_middleware(AuthenticationMiddleware, api_keys=list(api_keys))
 
     @app.get("/health")
     async def health(raw: Request) -> Response:

@@ -1,32 +1,72 @@
-"""`python -m jaxlm.serve` flags: the server's own, then every engine argument (EngineArgs)."""
+"""`python -m jaxlm.serve [MODEL]` flags: the server's own (vLLM's spellings), then every engine
+argument (EngineArgs, one group per config). Light: building the parser imports no jax."""
 
 from __future__ import annotations
 
 import argparse
 import os
+from typing import Sequence
 
-from jaxlm.engine.arg_utils import EngineArgs
+from jaxlm.config import parse_json_list
+from jaxlm.engine.arg_utils import EngineArgs, HelpFormatter
+
+_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
-def make_arg_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m jaxlm.serve",
-        description="OpenAI-compatible HTTP server (vLLM's API) for a jaxlm engine.",
-    )
-    server = parser.add_argument_group("server")
-    server.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 = every interface)")
-    server.add_argument("--port", type=int, default=8000, help="TCP port to listen on (default 8000)")
-    server.add_argument(
-        "--api-key",
-        default=os.environ.get("JAXLM_API_KEY") or os.environ.get("VLLM_API_KEY"),
-        help="require 'Authorization: Bearer KEY' on /v1/* (default: $JAXLM_API_KEY, else $VLLM_API_KEY, else none)",
-    )
+class ServeArgumentParser(argparse.ArgumentParser):
+    """Resolves what argparse cannot: the positional MODEL into --model, and the API keys'
+    environment fallback (a list default would be extended in place by action="extend")."""
+
+    def parse_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                   namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        ns = super().parse_args(args, namespace)
+        tag = getattr(ns, "model_tag", None)
+        if tag is not None:
+            if ns.model is not None and ns.model != tag:
+                self.error(f"the model is given twice: positional {tag!r} and --model {ns.model!r}")
+            ns.model = tag
+        if ns.api_key is None:
+            env = os.environ.get("JAXLM_API_KEY") or os.environ.get("VLLM_API_KEY")
+            ns.api_key = [env] if env else None
+        return ns
+
+
+def _json_list(text: str) -> list:
+    try:
+        return parse_json_list(text)
+    except ValueError as e:  # json's errors are ValueErrors too
+        raise argparse.ArgumentTypeError(f"{text!r} is not a JSON list: {e}") from e
+
+
+def _add_server_args(parser: argparse.ArgumentParser) -> None:
+    server = parser.add_argument_group("server", "HTTP front end (vLLM's flags)")
+    server.add_argument("model_tag", nargs="?", metavar="MODEL", default=None,
+                        help="the model to serve (same as --model)")
+    server.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 = every interface)")
+    server.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
+    server.add_argument("--api-key", action="extend", nargs="+", default=None,
+                        help="accepted 'Authorization: Bearer KEY' keys on /v1/*, several allowed "
+                             "(None: $JAXLM_API_KEY, else $VLLM_API_KEY, else no check)")
+    server.add_argument("--allowed-origins", type=_json_list, default=["*"], help="CORS origins (JSON list)")
+    server.add_argument("--allowed-methods", type=_json_list, default=["*"], help="CORS methods (JSON list)")
+    server.add_argument("--allowed-headers", type=_json_list, default=["*"], help="CORS headers (JSON list)")
+    server.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials")
+    server.add_argument("--root-path", default=None, help="path prefix when served behind a proxy (ASGI root_path)")
+    server.add_argument("--ssl-keyfile", default=None, help="TLS private key file")
+    server.add_argument("--ssl-certfile", default=None, help="TLS certificate file")
     server.add_argument("--shutdown-timeout", type=int, default=30,
-                        help="seconds in-flight requests may run after SIGTERM before they are aborted (default 30)")
-    server.add_argument("--uvicorn-log-level", default="info",
-                        choices=["critical", "error", "warning", "info", "debug", "trace"],
-                        help="uvicorn's log level (default info)")
+                        help="seconds in-flight requests may run after SIGTERM before they are aborted")
+    server.add_argument("--uvicorn-log-level", default="info", choices=_LOG_LEVELS, help="uvicorn's log level")
     server.add_argument("--disable-uvicorn-access-log", action="store_true", help="no per-request access log")
-    engine = parser.add_argument_group("engine")
-    EngineArgs.add_cli_args(engine)  # --model, --served-model-name, --max-model-len, ...
+
+
+def make_arg_parser(prog: str = "python -m jaxlm.serve") -> ServeArgumentParser:
+    parser = ServeArgumentParser(
+        prog=prog,
+        description="OpenAI-compatible HTTP server (vLLM's API) for a jaxlm engine.",
+        formatter_class=HelpFormatter,
+    )
+    _add_server_args(parser)
+    EngineArgs.add_cli_args(parser)  # --model, --max-model-len, --dtype, ... one group per config
     return parser
+

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-import os
-
 import jax
 import numpy as np
 import psutil
@@ -16,31 +13,15 @@ from jaxlm.core.sched_output import SchedulerOutput
 from jaxlm.model_loader import get_jax_dtype, get_model
 from jaxlm.worker.model_runner import ModelRunner
 
-logger = logging.getLogger(__name__)
-
 # CPU has no device memory to measure: the KV cache defaults to this much RAM (vLLM's CPU
 # backend default too), capped by half the free RAM and by what the limits can ever use.
 _CPU_DEFAULT_KV_BYTES = 4 << 30
-
-
-def enable_compilation_cache(cache_dir: str | None) -> None:
-    """JAX's persistent compilation cache: a restart (or another engine on the same shapes)
-    loads compiled programs from disk instead of compiling again. "" turns it off."""
-    if cache_dir == "":
-        return
-    if cache_dir is None:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        cache_dir = os.path.join(base, "jaxlm", "xla")
-    jax.config.update("jax_compilation_cache_dir", cache_dir)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 class Worker:
     def __init__(self, config: EngineConfig, mesh: jax.sharding.Mesh):
         self.config = config
         self.mesh = mesh
-        enable_compilation_cache(config.compilation_config.compilation_cache_dir)
         self.model_runner: ModelRunner | None = None
 
     def load_model(self) -> None:
@@ -60,8 +41,8 @@ class Worker:
         if cache.num_gpu_blocks_override is not None:
             return cache.num_gpu_blocks_override
         per_block = self.bytes_per_block()
-        if cache.kv_cache_memory is not None:
-            budget = cache.kv_cache_memory
+        if cache.kv_cache_memory_bytes is not None:
+            budget = cache.kv_cache_memory_bytes
         elif jax.default_backend() == "cpu":
             sched = self.config.scheduler_config
             useful = (sched.max_num_seqs * -(-sched.max_model_len // cache.block_size) + 1) * per_block
@@ -74,7 +55,7 @@ class Worker:
         if num_blocks <= 0:
             raise ValueError(
                 f"No memory left for the KV cache (budget {budget} bytes, {per_block} bytes per block): "
-                "raise --gpu-memory-utilization or --kv-cache-memory"
+                "raise --gpu-memory-utilization or --kv-cache-memory-bytes"
             )
         return num_blocks
 

@@ -1,0 +1,58 @@
+"""Executor selection and the compilation cache set-up at engine start."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from jaxlm.engine.arg_utils import EngineArgs
+from jaxlm.executor.abstract import Executor
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    ({"pipeline_parallel_size": 2}, "pipeline_parallel_size=2"),
+    ({"tensor_parallel_size": 2}, "mesh executor"),
+    ({"data_parallel_size": 2}, "mesh executor"),
+])
+def test_more_than_one_device_is_refused_naming_the_mesh_executor(kwargs, needle):
+    config = EngineArgs(**kwargs).create_engine_config()
+    with pytest.raises(NotImplementedError, match=needle) as err:
+        Executor.get_class(config)
+    assert "mesh executor" in str(err.value)
+
+
+def test_one_device_gets_the_uniproc_executor():
+    from jaxlm.executor.uniproc_executor import UniProcExecutor
+
+    assert Executor.get_class(EngineArgs().create_engine_config()) is UniProcExecutor
+
+
+def test_configure_compilation_cache_once(tmp_path):
+    # In a subprocess: the setting is process-wide JAX state.
+    code = (
+        "import jax\n"
+        "from jaxlm.config import CompilationConfig\n"
+        "from jaxlm.executor.compilation_cache import configure_compilation_cache as conf\n"
+        f"first, second = {str(tmp_path / 'a')!r}, {str(tmp_path / 'b')!r}\n"
+        "assert conf(CompilationConfig(compilation_cache_dir='')) is None\n"
+        "assert not jax.config.jax_compilation_cache_dir\n"
+        "assert conf(CompilationConfig(compilation_cache_dir=first)) == first\n"
+        "assert jax.config.jax_compilation_cache_dir == first\n"
+        "assert conf(CompilationConfig(compilation_cache_dir=second)) == first  # keeps the first\n"
+        "assert jax.config.jax_compilation_cache_dir == first\n"
+    )
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYTHONPATH": repo + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+
+
+def test_worker_does_not_touch_jax_config():
+    import inspect
+
+    from jaxlm.worker import worker
+
+    assert "jax.config" not in inspect.getsource(worker)
