@@ -7,7 +7,8 @@ import pytest
 from jaxlm.structured_output.grammar import build_grammar, choice_to_lark, json_compile_options
 from jaxlm.structured_output.params import StructuredOutputsParams as P
 
-SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "array", "items": {"type": "integer"}}},
+SCHEMA = {"type": "object",
+          "properties": {"a": {"type": "integer"}, "b": {"type": "array", "items": {"type": "integer"}}},
           "required": ["a", "b"], "additionalProperties": False}
 DOC = {"a": 1, "b": [2, 3]}
 
