@@ -49,6 +49,8 @@ def test_json_whitespace_modes_valid(manager, mode):
         jsonschema.validate(json.loads(text), BOUNDED_SCHEMA)
         if mode == "none":
             assert _skeleton(text) == _skeleton(json.dumps(json.loads(text), separators=(",", ":")))
+    if mode == "flexible":  # what the bounded default rules out: whitespace wherever JSON allows it
+        assert all(_skeleton(t) != _skeleton(json.dumps(json.loads(t))) for t in finished)
 
 
 def test_json_object_is_an_object(manager):
