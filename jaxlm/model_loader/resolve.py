@@ -17,7 +17,7 @@ from jaxlm.model_loader.hf_cache import resolve_model_path
 
 logger = logging.getLogger(__name__)
 
-# XLA:CPU runs bf16 matmuls ~10-15x slower than f32 here (no avx512_bf16): f32 on CPU.
+# max_model_len when none is asked for: the model's maximum, capped at this on CPU.
 _CPU_DEFAULT_MAX_LEN = 2048
 _JAX_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -50,6 +50,7 @@ def _config_dtype(hf_config: Any) -> str | None:
 
 def resolve_dtype(dtype: str, hf_config: Any, platform: str | None = None) -> str:
     """``auto`` → float32 on CPU, the checkpoint's dtype (bf16 if unknown) on accelerators."""
+    # XLA:CPU runs bf16 matmuls ~10-15x slower than f32 here (no avx512_bf16).
     if dtype != "auto":
         return dtype
     platform = platform or jax.default_backend()
