@@ -97,6 +97,7 @@ class BaseModelLoader(abc.ABC):
                 if arr.dtype != target and _is_float(arr.dtype):
                     arr = arr.astype(target)
                 yield name, arr
+                del arr  # not held while the next tensor is read
 
         try:
             loaded = set(model.load_weights(stream(), source=source))

@@ -102,6 +102,7 @@ def iterate_safetensors_file(path: str) -> Iterator[tuple[str, np.ndarray]]:
             except SafetensorError as e:
                 raise CorruptCheckpointError(path, f"tensor {name!r}: {e}") from e
             yield name, arr
+            del arr  # the next tensor is read while the consumer has dropped this one
 
 
 def write_safetensors(path: str, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> None:

@@ -185,6 +185,7 @@ class CausalLMBase(nnx.Module):
             for param, fn in target.parts:
                 place(param, fn(host), self.dtype, self.mesh)
             loaded.add(name)
+            del array, host  # not held while the next tensor is read
         logger.debug("loaded %d tensors from %s", len(loaded), source)
         return loaded
 
