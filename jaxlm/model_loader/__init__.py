@@ -1,31 +1,58 @@
-"""Model loading: path → resolved ModelConfig, tokenizer, and a loaded flax.nnx model."""
+"""Model loading: path → resolved ModelConfig, tokenizer, and a loaded flax.nnx model.
 
-from jaxlm.model_loader.errors import (
-    CorruptCheckpointError,
-    MissingWeightsError,
-    NoWeightsError,
-    UnexpectedWeightError,
-    UnsupportedDtypeError,
-    UnsupportedModelError,
-    WeightLoadError,
-    WeightShapeError,
-)
-from jaxlm.model_loader.loader import (
-    BaseModelLoader,
-    DefaultModelLoader,
-    GGUFModelLoader,
-    OrbaxModelLoader,
-    get_model,
-    get_model_loader,
-)
-from jaxlm.model_loader.orbax_utils import save_orbax
-from jaxlm.model_loader.resolve import get_jax_dtype, resolve_model_config
-from jaxlm.model_loader.tokenizer import get_tokenizer
+The package namespace is lazy (PEP 562): ``import jaxlm.model_loader.errors`` (what the models
+and the front end need) runs no jax, flax or transformers import, and the models importing the
+errors do not loop back through the loader.
+"""
 
-__all__ = [
-    "BaseModelLoader", "CorruptCheckpointError", "DefaultModelLoader", "GGUFModelLoader",
-    "MissingWeightsError", "NoWeightsError", "OrbaxModelLoader", "UnexpectedWeightError",
-    "UnsupportedDtypeError", "UnsupportedModelError", "WeightLoadError", "WeightShapeError",
-    "get_jax_dtype", "get_model", "get_model_loader", "get_tokenizer", "resolve_model_config",
-    "save_orbax",
-]
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# public name -> submodule holding it
+_EXPORTS: dict[str, str] = {
+    "CorruptCheckpointError": "errors",
+    "MissingWeightsError": "errors",
+    "NoWeightsError": "errors",
+    "UnexpectedWeightError": "errors",
+    "UnsupportedDtypeError": "errors",
+    "UnsupportedModelError": "errors",
+    "WeightLoadError": "errors",
+    "WeightShapeError": "errors",
+    "BaseModelLoader": "loader",
+    "DefaultModelLoader": "loader",
+    "GGUFModelLoader": "loader",
+    "OrbaxModelLoader": "loader",
+    "get_model": "loader",
+    "get_model_loader": "loader",
+    "save_orbax": "orbax_utils",
+    "get_jax_dtype": "resolve",
+    "resolve_model_config": "resolve",
+    "get_tokenizer": "tokenizer",
+}
+
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:
+    from jaxlm.model_loader.errors import (
+        CorruptCheckpointError, MissingWeightsError, NoWeightsError, UnexpectedWeightError,
+        UnsupportedDtypeError, UnsupportedModelError, WeightLoadError, WeightShapeError,
+    )
+    from jaxlm.model_loader.loader import (
+        BaseModelLoader, DefaultModelLoader, GGUFModelLoader, OrbaxModelLoader, get_model, get_model_loader,
+    )
+    from jaxlm.model_loader.orbax_utils import save_orbax
+    from jaxlm.model_loader.resolve import get_jax_dtype, resolve_model_config
+    from jaxlm.model_loader.tokenizer import get_tokenizer
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 
-
 def _rebuild(cls: type, args: tuple, state: dict) -> "WeightLoadError":
     err = cls.__new__(cls)
     err.args = args

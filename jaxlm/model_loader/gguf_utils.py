@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -18,8 +19,6 @@ from jaxlm.model_loader.errors import (
 )
 
 logger = logging.getLogger(__name__)
-
-SUPPORTED_GGUF_ARCHS = ("llama", "qwen2")
 
 # GGUF per-layer tensor stem → HF module path under model.layers.N.
 _LAYER_NAMES = {
@@ -63,46 +62,90 @@ def gguf_hf_name(gguf_name: str) -> str | None:
     return ""  # unknown: the caller reports it
 
 
+_REQUIRED = object()
+
+# HF config key <- (GGUF metadata key under "{arch}.", type, default): the keys llama and qwen2 share.
+_CONFIG_KEYS: dict[str, tuple[str, type, Any]] = {
+    "hidden_size": ("embedding_length", int, _REQUIRED),
+    "intermediate_size": ("feed_forward_length", int, _REQUIRED),
+    "num_hidden_layers": ("block_count", int, _REQUIRED),
+    "num_attention_heads": ("attention.head_count", int, _REQUIRED),
+    "max_position_embeddings": ("context_length", int, 2048),
+    "rms_norm_eps": ("attention.layer_norm_rms_epsilon", float, 1e-6),
+}
+# HF config key <- GGUF key under "tokenizer.ggml." (only when present).
+_TOKEN_ID_KEYS = {"bos_token_id": "bos_token_id", "eos_token_id": "eos_token_id", "pad_token_id": "padding_token_id"}
+
+
+@dataclasses.dataclass(frozen=True)
+class GGUFArch:
+    """What differs between the GGUF architectures jaxlm reads."""
+
+    hf_architecture: str
+    # llama.cpp's converter permutes llama's q/k rows (qwen2 keeps HF's rotate-half layout).
+    permuted_qk: bool
+    # Llama's HF config carries head_dim and attention_bias; Qwen2's derives / fixes them.
+    explicit_head_dim: bool
+    attention_bias_from_tensors: bool
+
+
+GGUF_ARCHS: dict[str, GGUFArch] = {
+    "llama": GGUFArch("LlamaForCausalLM", permuted_qk=True, explicit_head_dim=True, attention_bias_from_tensors=True),
+    "qwen2": GGUFArch("Qwen2ForCausalLM", permuted_qk=False, explicit_head_dim=False,
+                      attention_bias_from_tensors=False),
+}
+
+
+def _gguf_arch(reader: GGUFFile, path: str) -> tuple[str, GGUFArch]:
+    arch = _field(reader, "general.architecture")
+    if arch not in GGUF_ARCHS:
+        raise UnsupportedModelError(
+            path, f"GGUF architecture {arch!r} is not supported (supported: {', '.join(GGUF_ARCHS)})"
+        )
+    return arch, GGUF_ARCHS[arch]
+
+
 def gguf_config_dict(reader: GGUFFile, path: str) -> dict[str, Any]:
     """HF config kwargs from GGUF metadata (llama and qwen2), without going through torch."""
-    arch = _field(reader, "general.architecture")
-    if arch not in SUPPORTED_GGUF_ARCHS:
-        raise UnsupportedModelError(
-            path, f"GGUF architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_GGUF_ARCHS)})"
-        )
+    arch, spec = _gguf_arch(reader, path)
 
     def get(key: str, default: Any = None) -> Any:
         return _field(reader, f"{arch}.{key}", default)
 
-    def need(key: str) -> int:
-        value = get(key)
-        if value is None:
-            raise CorruptCheckpointError(path, f"GGUF metadata lacks {arch}.{key}")
-        return int(value)
-
-    hidden = need("embedding_length")
-    heads = need("attention.head_count")
+    cfg: dict[str, Any] = {"model_type": arch, "architectures": [spec.hf_architecture]}
+    for hf_key, (gguf_key, kind, default) in _CONFIG_KEYS.items():
+        value = get(gguf_key, default)
+        if value is _REQUIRED or value is None:
+            raise CorruptCheckpointError(path, f"GGUF metadata lacks {arch}.{gguf_key}")
+        cfg[hf_key] = kind(value)
+    heads = cfg["num_attention_heads"]
+    cfg["num_key_value_heads"] = int(get("attention.head_count_kv", heads))
     vocab = get("vocab_size")
     if vocab is None:
         tokens = reader.fields.get("tokenizer.ggml.tokens")
         if tokens is None:
             raise CorruptCheckpointError(path, f"GGUF metadata has neither {arch}.vocab_size nor a token list")
         vocab = len(tokens)
+    cfg["vocab_size"] = int(vocab)
     tensor_names = {t.name for t in reader.tensors}
-    cfg: dict[str, Any] = dict(
-        model_type=arch,
-        architectures=["LlamaForCausalLM" if arch == "llama" else "Qwen2ForCausalLM"],
-        hidden_size=hidden,
-        intermediate_size=need("feed_forward_length"),
-        num_hidden_layers=need("block_count"),
-        num_attention_heads=heads,
-        num_key_value_heads=int(get("attention.head_count_kv", heads)),
-        max_position_embeddings=int(get("context_length", 2048)),
-        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
-        vocab_size=int(vocab),
-        # No separate output matrix in the file: the LM head is the embedding.
-        tie_word_embeddings="output.weight" not in tensor_names,
-    )
+    # No separate output matrix in the file: the LM head is the embedding.
+    cfg["tie_word_embeddings"] = "output.weight" not in tensor_names
+    cfg["rope_parameters"] = _rope_parameters(get, tensor_names, path)
+    head_dim = get("attention.key_length")
+    if head_dim is not None:
+        cfg["head_dim"] = int(head_dim)
+    elif spec.explicit_head_dim:
+        cfg["head_dim"] = cfg["hidden_size"] // heads
+    if spec.attention_bias_from_tensors:
+        cfg["attention_bias"] = "blk.0.attn_q.bias" in tensor_names
+    for hf_key, gguf_key in _TOKEN_ID_KEYS.items():
+        v = _field(reader, f"tokenizer.ggml.{gguf_key}")
+        if v is not None:
+            cfg[hf_key] = int(v)
+    return cfg
+
+
+def _rope_parameters(get: Callable[..., Any], tensor_names: set[str], path: str) -> dict[str, Any]:
     rope: dict[str, Any] = {"rope_type": "default", "rope_theta": float(get("rope.freq_base", 10000.0))}
     scaling = get("rope.scaling.type")
     if scaling == "linear":
@@ -112,20 +155,7 @@ def gguf_config_dict(reader: GGUFFile, path: str) -> dict[str, Any]:
     if "rope_freqs.weight" in tensor_names:
         # Llama 3.1-style GGUFs carry the scaled rope frequencies as a tensor, not as metadata.
         logger.warning("%s: rope_freqs tensor ignored; llama3 rope scaling is not reconstructed from GGUF", path)
-    cfg["rope_parameters"] = rope
-    head_dim = get("attention.key_length")
-    if head_dim is not None:
-        cfg["head_dim"] = int(head_dim)
-    elif arch == "llama":
-        cfg["head_dim"] = hidden // heads
-    if arch == "llama":
-        cfg["attention_bias"] = "blk.0.attn_q.bias" in tensor_names
-    for hf_key, gguf_key in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
-                             ("pad_token_id", "padding_token_id")):
-        v = _field(reader, f"tokenizer.ggml.{gguf_key}")
-        if v is not None:
-            cfg[hf_key] = int(v)
-    return cfg
+    return rope
 
 
 def gguf_hf_config(reader: GGUFFile, path: str) -> Any:
@@ -171,7 +201,7 @@ def _tensor_array(f: GGUFFile, t: GGUFTensorInfo) -> np.ndarray:
 
 def iterate_gguf_weights(reader: GGUFFile, path: str) -> Iterator[tuple[str, np.ndarray]]:
     """(HF name, float array) per tensor, dequantized one at a time so host memory stays ~one tensor."""
-    arch = _field(reader, "general.architecture")
+    arch, spec = _gguf_arch(reader, path)
     heads = int(_field(reader, f"{arch}.attention.head_count"))
     kv_heads = int(_field(reader, f"{arch}.attention.head_count_kv", heads))
     for t in reader.tensors:
@@ -181,9 +211,8 @@ def iterate_gguf_weights(reader: GGUFFile, path: str) -> Iterator[tuple[str, np.
         if hf_name == "":
             raise UnexpectedWeightError(path, t.name)
         arr = _tensor_array(reader, t)
-        # Only llama's converter permutes q/k (qwen2 keeps HF's rotate-half layout).
-        if arch == "llama" and hf_name.endswith(("q_proj.weight", "q_proj.bias")):
+        if spec.permuted_qk and hf_name.endswith(("q_proj.weight", "q_proj.bias")):
             arr = unpermute_qk(arr, heads)
-        elif arch == "llama" and hf_name.endswith(("k_proj.weight", "k_proj.bias")):
+        elif spec.permuted_qk and hf_name.endswith(("k_proj.weight", "k_proj.bias")):
             arr = unpermute_qk(arr, kv_heads)
         yield hf_name, arr

@@ -25,11 +25,11 @@ from jaxlm.model_loader.resolve import get_jax_dtype
 
 logger = logging.getLogger(__name__)
 
-_ML_FLOATS = (np.dtype(ml_dtypes.bfloat16), np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e5m2))
+_BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 
 
 def _is_float(dtype: np.dtype) -> bool:
-    return dtype.kind == "f" or dtype in _ML_FLOATS
+    return dtype.kind == "f" or dtype == _BFLOAT16
 
 
 def get_model_class(model_config: ModelConfig) -> type:
@@ -97,6 +97,7 @@ class BaseModelLoader(abc.ABC):
                 if arr.dtype != target and _is_float(arr.dtype):
                     arr = arr.astype(target)
                 yield name, arr
+                del arr  # not held while the next tensor is read
 
         try:
             loaded = set(model.load_weights(stream(), source=source))
@@ -121,10 +122,10 @@ class DefaultModelLoader(BaseModelLoader):
         return list_safetensors_files(str(model_config.model))
 
     def count_weights(self, model_config: ModelConfig) -> int | None:
-        from jaxlm.model_loader.safetensors_utils import read_header
+        from jaxlm.model_loader.safetensors_utils import tensor_names
 
-        # Parsing every header first also rejects a truncated shard before anything is placed.
-        return sum(len(read_header(f)[0]) for f in self._files(model_config))
+        # Opening every shard first also rejects a truncated one before anything is placed.
+        return sum(len(tensor_names(f)) for f in self._files(model_config))
 
     def iterate_weights(self, model_config: ModelConfig) -> Iterator[tuple[str, str, np.ndarray]]:
         from jaxlm.model_loader.safetensors_utils import iterate_safetensors_file

@@ -13,10 +13,11 @@ import jax.numpy as jnp
 from jaxlm.config import LoadConfig, ModelConfig
 from jaxlm.model_loader.errors import CorruptCheckpointError, NoWeightsError
 from jaxlm.model_loader.formats import default_model_path, detect_load_format, find_gguf_file, model_dir
+from jaxlm.model_loader.hf_cache import resolve_model_path
 
 logger = logging.getLogger(__name__)
 
-# XLA:CPU runs bf16 matmuls ~10-15x slower than f32 here (no avx512_bf16): f32 on CPU.
+# max_model_len when none is asked for: the model's maximum, capped at this on CPU.
 _CPU_DEFAULT_MAX_LEN = 2048
 _JAX_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -49,6 +50,7 @@ def _config_dtype(hf_config: Any) -> str | None:
 
 def resolve_dtype(dtype: str, hf_config: Any, platform: str | None = None) -> str:
     """``auto`` → float32 on CPU, the checkpoint's dtype (bf16 if unknown) on accelerators."""
+    # XLA:CPU runs bf16 matmuls ~10-15x slower than f32 here (no avx512_bf16).
     if dtype != "auto":
         return dtype
     platform = platform or jax.default_backend()
@@ -75,14 +77,24 @@ def resolve_max_model_len(requested: int | None, hf_config: Any, platform: str |
 
 
 def resolve_model_config(model_config: ModelConfig, load_config: LoadConfig) -> ModelConfig:
-    """A copy of ``model_config`` with model path, hf_config, concrete dtype and max_model_len."""
-    path = model_config.model if model_config.model is not None else default_model_path()
-    path = os.path.expanduser(path)
+    """A copy of ``model_config`` with a local model path (``org/name`` looked up in the HF cache),
+    hf_config, concrete dtype and max_model_len; ``served_model_name`` defaults to the model
+    string the user gave, as in vLLM."""
+    # ModelConfig.revision is optional here: the config dataclass may not carry it yet.
+    revision = getattr(model_config, "revision", None)
+    if model_config.model is None:
+        path = default_model_path()
+    else:
+        path = resolve_model_path(model_config.model, revision)
+    served = model_config.served_model_name
+    if served is None and model_config.model is not None:
+        served = [model_config.model]
     load_format = detect_load_format(path, load_config.load_format)
     hf_config = model_config.hf_config if model_config.hf_config is not None else load_hf_config(path, load_format)
     resolved = dataclasses.replace(
         model_config,
         model=path,
+        served_model_name=served,
         hf_config=hf_config,
         dtype=resolve_dtype(model_config.dtype, hf_config),
         max_model_len=resolve_max_model_len(model_config.max_model_len, hf_config),

@@ -1,33 +1,32 @@
-"""Safetensors checkpoints read tensor by tensor (bf16 included) with every failure named.
+"""Safetensors checkpoints through the ``safetensors`` package, tensor by tensor, every failure named.
 
-The reader parses the header itself instead of ``safe_open(framework="numpy")``: numpy has no
-bf16, and checking offsets against the file size up front turns a truncated download into a
-CorruptCheckpointError naming the file instead of a crash halfway through the load.
+``safe_open(framework="numpy")`` validates the header against the file size when the file is
+opened (a truncated download fails before anything is placed) and reads bf16 through ml_dtypes.
+Its errors are re-raised as load errors naming the file (and the tensor, where there is one).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-import logging
 import os
-import struct
 from collections.abc import Iterator
 
-import ml_dtypes
+import ml_dtypes  # noqa: F401  (registers numpy's "bfloat16", which safetensors' numpy reader asks for)
 import numpy as np
+from safetensors import SafetensorError, safe_open
+from safetensors.numpy import save_file
 
 from jaxlm.model_loader.errors import CorruptCheckpointError, NoWeightsError, UnsupportedDtypeError
 from jaxlm.model_loader.formats import SAFETENSORS_INDEX
 
-logger = logging.getLogger(__name__)
-
-_DTYPES: dict[str, np.dtype] = {
+# Safetensors dtypes read as numpy arrays (float8 has no numpy reader in safetensors, and FP8
+# checkpoints need their scales anyway).
+_NUMPY_DTYPES: dict[str, np.dtype] = {
     "F64": np.dtype(np.float64),
     "F32": np.dtype(np.float32),
     "F16": np.dtype(np.float16),
     "BF16": np.dtype(ml_dtypes.bfloat16),
-    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
-    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
     "I64": np.dtype(np.int64),
     "I32": np.dtype(np.int32),
     "I16": np.dtype(np.int16),
@@ -35,7 +34,7 @@ _DTYPES: dict[str, np.dtype] = {
     "U8": np.dtype(np.uint8),
     "BOOL": np.dtype(np.bool_),
 }
-_MAX_HEADER = 100 * 1024 * 1024
+_HEADER_ERROR_PREFIX = "Error while deserializing header: "
 
 
 def list_safetensors_files(path: str) -> list[str]:
@@ -60,76 +59,58 @@ def list_safetensors_files(path: str) -> list[str]:
     return files
 
 
-def read_header(path: str) -> tuple[dict, int]:
-    """(tensor entries, byte offset of the data section), validated against the file size."""
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            raise CorruptCheckpointError(path, f"file is {size} bytes, too short for a safetensors header")
-        (n,) = struct.unpack("<Q", head)
-        if n > min(_MAX_HEADER, size - 8):
-            raise CorruptCheckpointError(path, f"header length {n} exceeds the file size {size}")
-        raw = f.read(n)
+def _explain(path: str, err: SafetensorError) -> str:
+    why = str(err).removeprefix(_HEADER_ERROR_PREFIX)
+    if "not fully covered" in why:
+        return f"the file's {os.path.getsize(path)} bytes do not match what its header describes (truncated?)"
+    return f"unreadable header ({why})"
+
+
+@contextlib.contextmanager
+def _open(path: str) -> Iterator:
+    """safe_open with its errors turned into a CorruptCheckpointError naming the file."""
     try:
-        header = json.loads(raw)
-        if not isinstance(header, dict):
-            raise ValueError("header is not a JSON object")
-    except (ValueError, UnicodeDecodeError) as e:
-        raise CorruptCheckpointError(path, f"unreadable header ({e})") from e
-    header.pop("__metadata__", None)
-    data_start = 8 + n
-    data_size = size - data_start
-    for name, entry in header.items():
-        try:
-            begin, end = (int(x) for x in entry["data_offsets"])
-            shape = tuple(int(d) for d in entry["shape"])
-            dtype = entry["dtype"]
-        except (KeyError, TypeError, ValueError) as e:
-            raise CorruptCheckpointError(path, f"bad header entry for {name!r} ({e})") from e
-        if end > data_size:
-            raise CorruptCheckpointError(
-                path, f"tensor {name!r} ends at byte {data_start + end}, the file has only {size} bytes"
-            )
-        if dtype not in _DTYPES:
+        handle = safe_open(path, framework="numpy")
+    except SafetensorError as e:
+        raise CorruptCheckpointError(path, _explain(path, e)) from e
+    with handle as f:
+        yield f
+
+
+def _checked_names(path: str, f) -> list[str]:
+    """Tensor names in file order, each of a dtype the reader supports."""
+    names = list(f.offset_keys())
+    for name in names:
+        dtype = f.get_slice(name).get_dtype()
+        if dtype not in _NUMPY_DTYPES:
             raise UnsupportedDtypeError(path, name, dtype)
-        if end - begin != int(np.prod(shape)) * _DTYPES[dtype].itemsize:
-            raise CorruptCheckpointError(path, f"tensor {name!r}: {end - begin} bytes do not fit {dtype}{list(shape)}")
-    return header, data_start
+    return names
+
+
+def tensor_names(path: str) -> list[str]:
+    """Validate one file (header, size, dtypes) and list its tensors, reading no tensor data."""
+    with _open(path) as f:
+        return _checked_names(path, f)
 
 
 def iterate_safetensors_file(path: str) -> Iterator[tuple[str, np.ndarray]]:
     """Tensors of one file in file order, each read into its own fresh array (one host copy)."""
-    header, data_start = read_header(path)
-    entries = sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0])
-    with open(path, "rb") as f:
-        for name, entry in entries:
-            begin, end = entry["data_offsets"]
-            arr = np.empty(tuple(entry["shape"]), dtype=_DTYPES[entry["dtype"]])
-            f.seek(data_start + begin)
-            got = f.readinto(memoryview(arr.reshape(-1).view(np.uint8)))
-            if got != end - begin:
-                raise CorruptCheckpointError(path, f"tensor {name!r}: read {got} of {end - begin} bytes")
+    with _open(path) as f:
+        for name in _checked_names(path, f):
+            try:
+                arr = f.get_tensor(name)
+            except SafetensorError as e:
+                raise CorruptCheckpointError(path, f"tensor {name!r}: {e}") from e
             yield name, arr
+            del arr  # the next tensor is read while the consumer has dropped this one
 
 
 def write_safetensors(path: str, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> None:
     """Write one safetensors file (bf16 via ml_dtypes), the inverse of iterate_safetensors_file."""
-    inverse = {v: k for k, v in _DTYPES.items()}
-    header: dict = {"__metadata__": metadata or {"format": "pt"}}
-    offset = 0
-    arrays = []
+    supported = set(_NUMPY_DTYPES.values())
+    contiguous = {}
     for name, arr in tensors.items():
-        arr = np.ascontiguousarray(arr)
-        if arr.dtype not in inverse:
+        if arr.dtype not in supported:
             raise UnsupportedDtypeError(path, name, str(arr.dtype))
-        header[name] = {"dtype": inverse[arr.dtype], "shape": list(arr.shape), "data_offsets": [offset, offset + arr.nbytes]}
-        offset += arr.nbytes
-        arrays.append(arr)
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)  # the format pads the header to 8-byte alignment
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(raw)))
-        f.write(raw)
-        for arr in arrays:
-            f.write(memoryview(arr.reshape(-1).view(np.uint8)))
+        contiguous[name] = np.ascontiguousarray(arr)
+    save_file(contiguous, path, metadata=metadata or {"format": "pt"})

@@ -11,6 +11,7 @@ from typing import Any
 from jaxlm.config import ModelConfig, jaxlm_cache_root
 from jaxlm.model_loader.errors import NoWeightsError
 from jaxlm.model_loader.formats import default_model_path, detect_load_format, find_gguf_file, model_dir
+from jaxlm.model_loader.hf_cache import resolve_model_path
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +120,7 @@ def get_tokenizer(model_config: ModelConfig, **kwargs: Any) -> Any:
 
     kwargs.setdefault("local_files_only", True)  # never reach for the hub: paths are local
     path = model_config.tokenizer or model_config.model or default_model_path()
-    path = os.path.expanduser(path)
+    path = resolve_model_path(path, getattr(model_config, "revision", None))
     if not os.path.exists(path):
         raise NoWeightsError(path, "tokenizer path does not exist")
     directory = model_dir(path)

@@ -1,15 +1,18 @@
-"""What every causal LM shares: HF-name weight loading, expected names, Param specs.
+"""What every causal LM shares: construction, the decoder loop, HF-name weight loading,
+expected names, Param specs and the KV cache spec.
 
-A model's module tree mirrors the HF checkpoint's names (``model.layers.0.self_attn.q_proj``),
-so the HF name of a Param is its nnx path joined with dots. Families whose checkpoint differs
-(a fused tensor split over several Params, legacy prefixes) override ``_extra_targets`` and
+A family subclasses ``CausalLMBase`` and supplies its ``Args`` (the numbers of the HF config it
+needs), ``build`` (its module tree), ``decoder``/``input_embedding`` and ``kv_cache_spec``.
+The module tree mirrors the HF checkpoint's names (``model.layers.0.self_attn.q_proj``), so the
+HF name of a Param is its nnx path joined with dots. Families whose checkpoint differs (a fused
+tensor split over several Params, legacy prefixes) override ``_extra_targets`` and
 ``canonical_name``.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable, Protocol, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +20,9 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, PartitionSpec
 
+from jaxlm.core.kv_cache_utils import KVCacheSpec
 from jaxlm.model_loader.errors import UnexpectedWeightError, WeightShapeError
+from jaxlm.models.layers import LMHead
 from jaxlm.models.utils import get_param_partition_spec, hf_shape, place, to_param_layout
 
 logger = logging.getLogger(__name__)
@@ -39,13 +44,71 @@ def _path_name(path: tuple) -> str:
     return ".".join(str(p) for p in path)
 
 
+class ModelArgs(Protocol):
+    """What the base reads from a family's Args dataclass (frozen, hashable)."""
+
+    vocab_size: int
+    num_layers: int
+    tie_word_embeddings: bool
+
+
+def run_decoder_layers(
+    layers: Sequence[nnx.Module], x: jax.Array, positions: jax.Array, kv_caches: list[jax.Array], attn_metadata
+) -> tuple[jax.Array, list[jax.Array]]:
+    """Each layer in turn, each over its own KV cache: ``layer(x, positions, kv_cache, md)``.
+
+    A Python loop, unrolled at trace time: one weight array per layer, no per-step copies
+    (lax.scan over stacked weights measured slower on CPU).
+    """
+    new_caches = []
+    for layer, cache in zip(layers, kv_caches):
+        x, cache = layer(x, positions, cache, attn_metadata)
+        new_caches.append(cache)
+    return x, new_caches
+
+
 class CausalLMBase(nnx.Module):
-    """Mixin for the families: subclasses set ``dtype``, ``mesh`` and build their tree."""
+    """Base of the families: one constructor, forward, logits, loading, sharding, KV cache spec."""
 
     # HF names that are buffers, not weights (matched as suffixes of the canonical name).
     _ignored_suffixes: tuple[str, ...] = ("rotary_emb.inv_freq",)
-    # True when lm_head shares the token embedding (then no lm_head.weight is expected).
-    tie_word_embeddings: bool = False
+
+    def __init__(
+        self, config: Any, *, dtype: jnp.dtype, attn_backend, rngs: nnx.Rngs, mesh: Mesh | None = None
+    ):
+        # Static attributes (hashable, so the graphdef can key a jit cache).
+        self.dtype = jnp.dtype(dtype)
+        self.mesh = mesh
+        self.attn_backend = attn_backend
+        self.args = self.make_args(config)
+        # True when lm_head shares the token embedding (then no lm_head.weight is expected).
+        self.tie_word_embeddings = bool(self.args.tie_word_embeddings)
+        self.build(config, rngs)
+        if self.tie_word_embeddings:
+            self.lm_head = None
+        else:
+            embed_dim = self.input_embedding().weight.get_value().shape[1]
+            self.lm_head = LMHead(embed_dim, self.args.vocab_size, dtype=self.dtype, rngs=rngs)
+
+    # ----- what a family supplies ------------------------------------------------------
+    @classmethod
+    def make_args(cls, config: Any) -> ModelArgs:
+        """The family's Args dataclass from an HF config."""
+        raise NotImplementedError
+
+    def build(self, config: Any, rngs: nnx.Rngs) -> None:
+        """Create the module tree (under the HF names) from ``self.args``."""
+        raise NotImplementedError
+
+    @classmethod
+    def kv_cache_spec(cls, args: Any) -> KVCacheSpec:
+        """The paged KV cache the family's attention layers read and write."""
+        raise NotImplementedError
+
+    @classmethod
+    def get_kv_cache_spec(cls, config: Any) -> KVCacheSpec:
+        """KV cache spec of an HF config, without building the model."""
+        return cls.kv_cache_spec(cls.make_args(config))
 
     # ----- forward -----------------------------------------------------------------
     def decoder(self) -> nnx.Module:
@@ -122,6 +185,7 @@ class CausalLMBase(nnx.Module):
             for param, fn in target.parts:
                 place(param, fn(host), self.dtype, self.mesh)
             loaded.add(name)
+            del array, host  # not held while the next tensor is read
         logger.debug("loaded %d tensors from %s", len(loaded), source)
         return loaded
 
@@ -137,13 +201,6 @@ class CausalLMBase(nnx.Module):
 
 def _layout_fn(param: nnx.Variable) -> Callable[[np.ndarray], np.ndarray]:
     return lambda a: to_param_layout(param, a)
-
-
-def init_common(module: CausalLMBase, *, dtype: jnp.dtype, mesh: Mesh | None, attn_backend) -> None:
-    """Static attributes every family keeps (hashable, so the graphdef can key a jit cache)."""
-    module.dtype = jnp.dtype(dtype)
-    module.mesh = mesh
-    module.attn_backend = attn_backend
 
 
 def check_cache_layout(kv_caches: list[jax.Array], num_layers: int) -> None:

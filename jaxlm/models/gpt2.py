@@ -9,14 +9,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import jax.numpy as jnp
 from flax import nnx
-from jax.sharding import Mesh
 
 from jaxlm.core.kv_cache_utils import KVCacheSpec
-from jaxlm.models.base import CausalLMBase, WeightTarget, init_common
-from jaxlm.models.layers import COLUMN, ROW, Embedding, LayerNorm, Linear, LMHead, get_act_fn
+from jaxlm.models.base import CausalLMBase, WeightTarget, run_decoder_layers
+from jaxlm.models.layers import Embedding, LayerNorm, Linear, ParallelStyle, get_act_fn
 from jaxlm.models.utils import HF_AS_IS
+
+COLUMN, ROW = ParallelStyle.COLUMN, ParallelStyle.ROW
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +50,7 @@ class GPT2Args:
         )
 
 
-def _conv1d(n_in: int, n_out: int, parallel: str, dtype, rngs) -> Linear:
+def _conv1d(n_in: int, n_out: int, parallel: ParallelStyle, dtype, rngs) -> Linear:
     # HF Conv1D stores [in, out] already: no transpose at load.
     return Linear(n_in, n_out, bias=True, parallel=parallel, dtype=dtype, rngs=rngs, hf_layout=HF_AS_IS)
 
@@ -97,7 +97,7 @@ class GPT2Block(nnx.Module):
         self.ln_2 = LayerNorm(args.hidden_size, eps=args.eps, dtype=dtype, rngs=rngs)
         self.mlp = GPT2MLP(args, dtype=dtype, rngs=rngs)
 
-    def __call__(self, x, kv_cache, md):
+    def __call__(self, x, positions, kv_cache, md):
         h, kv_cache = self.attn(self.ln_1(x), kv_cache, md)
         x = x + h
         return x + self.mlp(self.ln_2(x)), kv_cache
@@ -114,26 +114,19 @@ class GPT2Model(nnx.Module):
 
     def __call__(self, input_ids, positions, kv_caches, md):
         x = self.wte(input_ids) + self.wpe(positions)
-        new_caches = []
-        for block, cache in zip(self.h, kv_caches):
-            x, cache = block(x, cache, md)
-            new_caches.append(cache)
-        return self.ln_f(x), new_caches
+        x, kv_caches = run_decoder_layers(self.h, x, positions, kv_caches, md)
+        return self.ln_f(x), kv_caches
 
 
 class GPT2LMHeadModel(CausalLMBase):
     _ignored_suffixes = (".attn.bias", ".attn.masked_bias")
 
-    def __init__(self, config: Any, *, dtype: jnp.dtype, attn_backend, rngs: nnx.Rngs, mesh: Mesh | None = None):
-        init_common(self, dtype=dtype, mesh=mesh, attn_backend=attn_backend)
-        self.args = GPT2Args.from_hf_config(config)
-        self.tie_word_embeddings = self.args.tie_word_embeddings
-        self.transformer = GPT2Model(self.args, dtype=self.dtype, attn_backend=attn_backend, rngs=rngs)
-        self.lm_head = (
-            None
-            if self.tie_word_embeddings
-            else LMHead(self.args.hidden_size, self.args.vocab_size, dtype=self.dtype, rngs=rngs)
-        )
+    @classmethod
+    def make_args(cls, config: Any) -> GPT2Args:
+        return GPT2Args.from_hf_config(config)
+
+    def build(self, config: Any, rngs: nnx.Rngs) -> None:
+        self.transformer = GPT2Model(self.args, dtype=self.dtype, attn_backend=self.attn_backend, rngs=rngs)
 
     def canonical_name(self, name: str) -> str:
         # openai-community/gpt2 stores names without the "transformer." prefix.
@@ -164,9 +157,11 @@ class GPT2LMHeadModel(CausalLMBase):
     def input_embedding(self) -> nnx.Module:
         return self.transformer.wte
 
-    @staticmethod
-    def get_kv_cache_spec(config: Any) -> KVCacheSpec:
-        return KVCacheSpec(config.n_layer, config.n_head, config.n_embd // config.n_head)
+    @classmethod
+    def kv_cache_spec(cls, args: GPT2Args) -> KVCacheSpec:
+        return KVCacheSpec(
+            num_layers=args.num_layers, num_kv_heads=args.num_heads, head_dim=args.hidden_size // args.num_heads
+        )
 
 
 def _cols(j: int, n: int):

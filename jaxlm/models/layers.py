@@ -6,6 +6,7 @@ never transposes a weight; the HF [out, in] layout is converted once at load tim
 
 from __future__ import annotations
 
+import enum
 from typing import Callable
 
 import jax
@@ -14,10 +15,23 @@ from flax import nnx
 
 from jaxlm.models.utils import HF_AS_IS, HF_TRANSPOSE, MODEL_AXIS, make_param
 
-# Column-parallel splits the output features over "model", row-parallel the input features.
-COLUMN = "column"
-ROW = "row"
-REPLICATED = "replicated"
+class ParallelStyle(enum.Enum):
+    """How a Linear's weight [in, out] is split over the mesh's "model" axis (tensor parallel).
+
+    vLLM's ColumnParallelLinear / RowParallelLinear / ReplicatedLinear as one flag.
+    """
+
+    COLUMN = (None, MODEL_AXIS), (MODEL_AXIS,)  # output features split; bias split with them
+    ROW = (MODEL_AXIS, None), (None,)  # input features split (one reduction after); bias whole
+    REPLICATED = (None, None), (None,)
+
+    @property
+    def weight_spec(self) -> tuple[str | None, ...]:
+        return self.value[0]
+
+    @property
+    def bias_spec(self) -> tuple[str | None, ...]:
+        return self.value[1]
 
 
 class Linear(nnx.Module):
@@ -29,20 +43,15 @@ class Linear(nnx.Module):
         out_features: int,
         *,
         bias: bool,
-        parallel: str,
+        parallel: ParallelStyle,
         dtype: jnp.dtype,
         rngs: nnx.Rngs,
         hf_layout: str = HF_TRANSPOSE,
     ):
-        if parallel == COLUMN:
-            w_spec, b_spec = (None, MODEL_AXIS), (MODEL_AXIS,)
-        elif parallel == ROW:
-            w_spec, b_spec = (MODEL_AXIS, None), (None,)
-        else:
-            w_spec, b_spec = (None, None), (None,)
-        self.weight = make_param(rngs, (in_features, out_features), dtype, w_spec, hf_layout=hf_layout)
+        parallel = ParallelStyle(parallel)
+        self.weight = make_param(rngs, (in_features, out_features), dtype, parallel.weight_spec, hf_layout=hf_layout)
         self.bias = (
-            make_param(rngs, (out_features,), dtype, b_spec, init="zeros") if bias else None
+            make_param(rngs, (out_features,), dtype, parallel.bias_spec, init="zeros") if bias else None
         )
 
     def __call__(self, x: jax.Array) -> jax.Array:

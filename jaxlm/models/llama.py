@@ -12,16 +12,15 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import jax.numpy as jnp
 from flax import nnx
-from jax.sharding import Mesh
 
 from jaxlm.attention.metadata import AttentionMetadata
 from jaxlm.core.kv_cache_utils import KVCacheSpec
-from jaxlm.models.base import CausalLMBase, init_common
-from jaxlm.models.layers import COLUMN, ROW, Embedding, Linear, LMHead, RMSNorm, get_act_fn
+from jaxlm.models.base import CausalLMBase, run_decoder_layers
+from jaxlm.models.layers import Embedding, Linear, ParallelStyle, RMSNorm, get_act_fn
 from jaxlm.models.rotary import RotaryEmbedding
 
+COLUMN, ROW = ParallelStyle.COLUMN, ParallelStyle.ROW
 
 @dataclasses.dataclass(frozen=True)
 class LlamaArgs:
@@ -97,7 +96,7 @@ class LlamaAttention(nnx.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def __call__(self, positions, x, kv_cache, md: AttentionMetadata):
+    def __call__(self, x, positions, kv_cache, md: AttentionMetadata):
         T = x.shape[0]
         q = self.q_proj(x).reshape(T, self.num_heads, self.head_dim)
         k = self.k_proj(x).reshape(T, self.num_kv_heads, self.head_dim)
@@ -129,8 +128,8 @@ class LlamaDecoderLayer(nnx.Module):
         self.input_layernorm = RMSNorm(args.hidden_size, eps=args.rms_norm_eps, dtype=dtype, rngs=rngs)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, eps=args.rms_norm_eps, dtype=dtype, rngs=rngs)
 
-    def __call__(self, positions, x, kv_cache, md):
-        h, kv_cache = self.self_attn(positions, self.input_layernorm(x), kv_cache, md)
+    def __call__(self, x, positions, kv_cache, md):
+        h, kv_cache = self.self_attn(self.input_layernorm(x), positions, kv_cache, md)
         x = x + h
         x = x + self.mlp(self.post_attention_layernorm(x))
         return x, kv_cache
@@ -139,8 +138,6 @@ class LlamaDecoderLayer(nnx.Module):
 class LlamaModel(nnx.Module):
     def __init__(self, args: LlamaArgs, rope, *, dtype, attn_backend, rngs: nnx.Rngs):
         self.embed_tokens = Embedding(args.vocab_size, args.hidden_size, dtype=dtype, rngs=rngs)
-        # A Python list of layers, unrolled at trace time: one weight array per layer, no
-        # per-step copies (lax.scan over stacked weights measured slower on CPU).
         self.layers = nnx.List(
             [
                 LlamaDecoderLayer(args, i, rope, dtype=dtype, attn_backend=attn_backend, rngs=rngs)
@@ -150,12 +147,8 @@ class LlamaModel(nnx.Module):
         self.norm = RMSNorm(args.hidden_size, eps=args.rms_norm_eps, dtype=dtype, rngs=rngs)
 
     def __call__(self, input_ids, positions, kv_caches, md):
-        x = self.embed_tokens(input_ids)
-        new_caches = []
-        for layer, cache in zip(self.layers, kv_caches):
-            x, cache = layer(positions, x, cache, md)
-            new_caches.append(cache)
-        return self.norm(x), new_caches
+        x, kv_caches = run_decoder_layers(self.layers, self.embed_tokens(input_ids), positions, kv_caches, md)
+        return self.norm(x), kv_caches
 
 
 class LlamaForCausalLM(CausalLMBase):
@@ -163,25 +156,13 @@ class LlamaForCausalLM(CausalLMBase):
     _force_qkv_bias = False
     _qk_norm = False
 
-    def __init__(
-        self,
-        config: Any,
-        *,
-        dtype: jnp.dtype,
-        attn_backend,
-        rngs: nnx.Rngs,
-        mesh: Mesh | None = None,
-    ):
-        init_common(self, dtype=dtype, mesh=mesh, attn_backend=attn_backend)
-        self.args = LlamaArgs.from_hf_config(config, force_qkv_bias=self._force_qkv_bias, qk_norm=self._qk_norm)
-        self.tie_word_embeddings = self.args.tie_word_embeddings
+    @classmethod
+    def make_args(cls, config: Any) -> LlamaArgs:
+        return LlamaArgs.from_hf_config(config, force_qkv_bias=cls._force_qkv_bias, qk_norm=cls._qk_norm)
+
+    def build(self, config: Any, rngs: nnx.Rngs) -> None:
         rope = RotaryEmbedding.from_config(config, self.args.head_dim)
-        self.model = LlamaModel(self.args, rope, dtype=self.dtype, attn_backend=attn_backend, rngs=rngs)
-        self.lm_head = (
-            None
-            if self.tie_word_embeddings
-            else LMHead(self.args.hidden_size, self.args.vocab_size, dtype=self.dtype, rngs=rngs)
-        )
+        self.model = LlamaModel(self.args, rope, dtype=self.dtype, attn_backend=self.attn_backend, rngs=rngs)
 
     def decoder(self) -> nnx.Module:
         return self.model
@@ -189,12 +170,9 @@ class LlamaForCausalLM(CausalLMBase):
     def input_embedding(self) -> nnx.Module:
         return self.model.embed_tokens
 
-    @staticmethod
-    def get_kv_cache_spec(config: Any) -> KVCacheSpec:
-        heads = config.num_attention_heads
-        kv_heads = getattr(config, "num_key_value_heads", None) or heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-        return KVCacheSpec(config.num_hidden_layers, kv_heads, head_dim)
+    @classmethod
+    def kv_cache_spec(cls, args: LlamaArgs) -> KVCacheSpec:
+        return KVCacheSpec(num_layers=args.num_layers, num_kv_heads=args.num_kv_heads, head_dim=args.head_dim)
 
 
 class MistralForCausalLM(LlamaForCausalLM):

@@ -6,13 +6,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import jax.numpy as jnp
 from flax import nnx
-from jax.sharding import Mesh
 
 from jaxlm.core.kv_cache_utils import KVCacheSpec
-from jaxlm.models.base import CausalLMBase, init_common
-from jaxlm.models.layers import COLUMN, REPLICATED, ROW, Embedding, LayerNorm, Linear, LMHead, get_act_fn
+from jaxlm.models.base import CausalLMBase, run_decoder_layers
+from jaxlm.models.layers import Embedding, LayerNorm, Linear, ParallelStyle, get_act_fn
+
+COLUMN, ROW, REPLICATED = ParallelStyle.COLUMN, ParallelStyle.ROW, ParallelStyle.REPLICATED
 
 # OPT's learned position table starts at index 2 (fairseq's padding offset).
 _POSITION_OFFSET = 2
@@ -89,7 +89,7 @@ class OPTDecoderLayer(nnx.Module):
         self.fc2 = Linear(args.ffn_dim, args.hidden_size, bias=args.bias, parallel=ROW, dtype=dtype, rngs=rngs)
         self.final_layer_norm = _ln(args, dtype, rngs)
 
-    def __call__(self, x, kv_cache, md):
+    def __call__(self, x, positions, kv_cache, md):
         h = self.self_attn_layer_norm(x) if self.pre_ln else x
         h, kv_cache = self.self_attn(h, kv_cache, md)
         x = x + h
@@ -125,15 +125,12 @@ class OPTDecoder(nnx.Module):
         if self.project_in is not None:
             x = self.project_in(x)
         x = x + self.embed_positions(positions + _POSITION_OFFSET)
-        new_caches = []
-        for layer, cache in zip(self.layers, kv_caches):
-            x, cache = layer(x, cache, md)
-            new_caches.append(cache)
+        x, kv_caches = run_decoder_layers(self.layers, x, positions, kv_caches, md)
         if self.final_layer_norm is not None:
             x = self.final_layer_norm(x)
         if self.project_out is not None:
             x = self.project_out(x)
-        return x, new_caches
+        return x, kv_caches
 
 
 class OPTModel(nnx.Module):
@@ -142,16 +139,12 @@ class OPTModel(nnx.Module):
 
 
 class OPTForCausalLM(CausalLMBase):
-    def __init__(self, config: Any, *, dtype: jnp.dtype, attn_backend, rngs: nnx.Rngs, mesh: Mesh | None = None):
-        init_common(self, dtype=dtype, mesh=mesh, attn_backend=attn_backend)
-        self.args = OPTArgs.from_hf_config(config)
-        self.tie_word_embeddings = self.args.tie_word_embeddings
-        self.model = OPTModel(self.args, dtype=self.dtype, attn_backend=attn_backend, rngs=rngs)
-        self.lm_head = (
-            None
-            if self.tie_word_embeddings
-            else LMHead(self.args.word_embed_proj_dim, self.args.vocab_size, dtype=self.dtype, rngs=rngs)
-        )
+    @classmethod
+    def make_args(cls, config: Any) -> OPTArgs:
+        return OPTArgs.from_hf_config(config)
+
+    def build(self, config: Any, rngs: nnx.Rngs) -> None:
+        self.model = OPTModel(self.args, dtype=self.dtype, attn_backend=self.attn_backend, rngs=rngs)
 
     def canonical_name(self, name: str) -> str:
         # facebook/opt-* checkpoints predate the "model." prefix.
@@ -163,7 +156,8 @@ class OPTForCausalLM(CausalLMBase):
     def input_embedding(self) -> nnx.Module:
         return self.model.decoder.embed_tokens
 
-    @staticmethod
-    def get_kv_cache_spec(config: Any) -> KVCacheSpec:
-        heads = config.num_attention_heads
-        return KVCacheSpec(config.num_hidden_layers, heads, config.hidden_size // heads)
+    @classmethod
+    def kv_cache_spec(cls, args: OPTArgs) -> KVCacheSpec:
+        return KVCacheSpec(
+            num_layers=args.num_layers, num_kv_heads=args.num_heads, head_dim=args.hidden_size // args.num_heads
+        )

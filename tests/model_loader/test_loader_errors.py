@@ -68,7 +68,7 @@ def test_truncated_file(tiny_copy):
     f = os.path.join(tiny_copy, "model.safetensors")
     with open(f, "r+b") as fh:
         fh.truncate(os.path.getsize(f) - 100)
-    with pytest.raises(CorruptCheckpointError, match=rf"^{re.escape(f)}: corrupt or truncated checkpoint: tensor '.*' ends at byte \d+, the file has only \d+ bytes"):
+    with pytest.raises(CorruptCheckpointError, match=rf"^{re.escape(f)}: corrupt or truncated checkpoint: the file's \d+ bytes do not match what its header describes \(truncated\?\)$"):
         load(tiny_copy)
 
 
@@ -76,7 +76,7 @@ def test_truncated_inside_header(tiny_copy):
     f = os.path.join(tiny_copy, "model.safetensors")
     with open(f, "r+b") as fh:
         fh.truncate(50)
-    with pytest.raises(CorruptCheckpointError, match=rf"^{re.escape(f)}: corrupt or truncated checkpoint: header length \d+ exceeds the file size 50"):
+    with pytest.raises(CorruptCheckpointError, match=rf"^{re.escape(f)}: corrupt or truncated checkpoint: unreadable header \(invalid header length\)$"):
         load(tiny_copy)
 
 
@@ -142,3 +142,14 @@ def test_errors_are_value_errors():
     e = WeightShapeError("<checkpoint>", "w", (1,), (2,)).with_source("/x/model.safetensors")
     assert str(e) == "/x/model.safetensors: weight 'w' has shape (2,), the model expects (1,)"
     assert e.expected == (1,) and e.got == (2,)
+
+
+def test_float8_tensor_is_named_as_unsupported(tmp_path):
+    import ml_dtypes
+
+    from jaxlm.model_loader.safetensors_utils import tensor_names
+
+    f = str(tmp_path / "f8.safetensors")
+    save_file({"ok": np.ones(2, np.float32), "w8": np.zeros(4, ml_dtypes.float8_e4m3fn)}, f)
+    with pytest.raises(UnsupportedDtypeError, match=rf"^{re.escape(f)}: weight 'w8' has unsupported dtype F8_E4M3$"):
+        tensor_names(f)

@@ -139,3 +139,40 @@ def test_k_quant_bytes_dequantize_like_gguf(tmp_path, qtype):
     got = _tensor_array(f, info).astype(np.float32)
     want = gguf.quants.dequantize(raw, qtype).reshape(rows, cols)
     np.testing.assert_array_equal(got, want)
+
+
+def _fake_reader(fields: dict, tensor_names=("token_embd.weight",)):
+    import types
+
+    return types.SimpleNamespace(fields=fields, tensors=[types.SimpleNamespace(name=n) for n in tensor_names])
+
+
+_QWEN2_FIELDS = {
+    "general.architecture": "qwen2", "qwen2.embedding_length": 64, "qwen2.feed_forward_length": 128,
+    "qwen2.block_count": 2, "qwen2.attention.head_count": 4, "qwen2.vocab_size": 100,
+}
+
+
+def test_config_table_defaults_and_per_arch_fields():
+    from jaxlm.model_loader.gguf_utils import gguf_config_dict
+
+    cfg = gguf_config_dict(_fake_reader(_QWEN2_FIELDS), "x.gguf")
+    assert cfg["architectures"] == ["Qwen2ForCausalLM"] and cfg["model_type"] == "qwen2"
+    assert (cfg["num_key_value_heads"], cfg["max_position_embeddings"], cfg["rms_norm_eps"]) == (4, 2048, 1e-6)
+    assert cfg["tie_word_embeddings"] is True and "head_dim" not in cfg and "attention_bias" not in cfg
+    llama = {k.replace("qwen2.", "llama."): v for k, v in _QWEN2_FIELDS.items()}
+    llama["general.architecture"] = "llama"
+    cfg = gguf_config_dict(_fake_reader(llama, ("output.weight", "blk.0.attn_q.bias")), "x.gguf")
+    assert cfg["architectures"] == ["LlamaForCausalLM"]
+    assert (cfg["head_dim"], cfg["attention_bias"], cfg["tie_word_embeddings"]) == (16, True, False)
+
+
+def test_config_missing_required_key_or_unknown_arch_is_named():
+    from jaxlm.model_loader import UnsupportedModelError
+    from jaxlm.model_loader.gguf_utils import gguf_config_dict
+
+    fields = {k: v for k, v in _QWEN2_FIELDS.items() if k != "qwen2.block_count"}
+    with pytest.raises(CorruptCheckpointError, match=r"x\.gguf.*qwen2\.block_count"):
+        gguf_config_dict(_fake_reader(fields), "x.gguf")
+    with pytest.raises(UnsupportedModelError, match="'falcon'.*llama, qwen2"):
+        gguf_config_dict(_fake_reader({"general.architecture": "falcon"}), "x.gguf")

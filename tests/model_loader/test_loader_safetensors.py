@@ -86,3 +86,21 @@ def test_resolve_safetensors_config(tiny_llama_dir):
         resolve_model_config(ModelConfig(model=tiny_llama_dir, max_model_len=4096), LoadConfig())
     with open(os.path.join(tiny_llama_dir, "config.json")) as f:
         assert json.load(f)["model_type"] == "llama"
+
+
+def test_reader_streams_one_tensor_at_a_time(tmp_path):
+    import tracemalloc
+
+    n, shape = 6, (512, 1024)  # 2 MiB each
+    path = str(tmp_path / "big.safetensors")
+    write_safetensors(path, {f"w{i}": np.full(shape, i, np.float32) for i in range(n)})
+    one = np.zeros(shape, np.float32).nbytes
+    tracemalloc.start()
+    try:
+        for name, arr in iterate_safetensors_file(path):
+            assert arr[0, 0] == int(name[1:])
+            del arr
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1.5 * one, f"peak {peak} bytes while reading tensors of {one} bytes"
