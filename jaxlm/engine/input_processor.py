@@ -111,17 +111,22 @@ class InputProcessor:
             raise InvalidRequestError(
                 "prompt", f"A prompt must be a string or a list of token ids, got {type(prompt).__name__}")
         self.check_prompt_token_ids(ids)
+        self.check_prompt_len(len(ids))
         return ProcessedPrompt(text, ids)
 
     def check_prompt_token_ids(self, ids: list[int]) -> None:
+        """Non-empty and in the vocabulary (also what /detokenize needs)."""
         if not ids:
             raise InvalidRequestError("prompt", "The decoder prompt cannot be empty")
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:
             raise InvalidRequestError(
                 "prompt", f"Token id {bad[0]} is out of vocabulary (vocab size {self.vocab_size})")
-        if len(ids) >= self.max_model_len:
-            raise PromptTooLongError(len(ids), self.max_model_len)
+
+    def check_prompt_len(self, prompt_len: int) -> None:
+        """Room for at least one generated token."""
+        if prompt_len >= self.max_model_len:
+            raise PromptTooLongError(prompt_len, self.max_model_len)
 
     def max_tokens_for(self, prompt_len: int, requested: int | None) -> int:
         """max_tokens clamped to the room left: past max_model_len a request ends with "length"."""

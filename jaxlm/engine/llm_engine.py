@@ -152,9 +152,12 @@ class LLMEngine:
             children.append((f"{i}_{internal_id}", child, parent, i))
         return children
 
-    def abort_request(self, request_ids: str | Iterable[str]) -> None:
-        """Abort by internal id (what add_request returned); unknown ids are ignored."""
+    def abort_request(self, request_ids: str | Iterable[str], internal: bool = False) -> None:
+        """Abort by client id (every live request with it), or by internal id (what add_request
+        returned) when internal=True (vLLM's flag); unknown ids are ignored."""
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        if not internal:
+            ids = self.output_processor.internal_ids_of(ids)
         self._live_ids.difference_update(ids)
         core_ids = self.output_processor.abort_requests(ids)
         for req_id in core_ids:

@@ -78,6 +78,12 @@ class OutputProcessor:
     def has_unfinished_requests(self) -> bool:
         return bool(self.request_states)
 
+    def internal_ids_of(self, external_req_ids: list[str]) -> list[str]:
+        """Internal ids (a parent's for n > 1) of the live requests with these client ids."""
+        wanted = set(external_req_ids)
+        return list({(st.parent.request_id if st.parent else rid): None
+                     for rid, st in self.request_states.items() if st.external_req_id in wanted})
+
     def abort_requests(self, request_ids: list[str]) -> list[str]:
         """Forget these requests (internal ids; a parent's takes its children); returns the core
         ids to abort."""
