@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
+import itertools
 import logging
 import threading
 import time
@@ -63,10 +64,11 @@ class AsyncLLMEngine:
         self._commands: list[_Add | _Abort] = []
         self._stop = False
         self._abort_on_stop = False
-        # Internal id (client id + random suffix) -> stream; touched only under self._cv. Outputs
+        # Internal id (client id + serial) -> stream; touched only under self._cv. Outputs
         # are routed by internal id, so an aborted request's late outputs reach nobody, even
         # when a new request reuses its client id before the abort is processed.
         self._streams: dict[str, _Stream] = {}
+        self._serial = itertools.count()  # internal id suffixes, drawn under self._cv
         self._stats: dict[str, Any] = {}
         self._dead: BaseException | None = None
         self._ready = threading.Event()
@@ -138,9 +140,7 @@ class AsyncLLMEngine:
             raise self.dead_error if self._dead is not None else EngineDeadError("engine is stopped")
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), request_id)
         with self._cv:
-            internal_id = make_internal_request_id(request_id)
-            while internal_id in self._streams:
-                internal_id = make_internal_request_id(request_id)
+            internal_id = make_internal_request_id(request_id, next(self._serial))
             self._streams[internal_id] = stream
             self._commands.append(_Add(request_id, internal_id, prompt, sampling_params,
                                        arrival_time or time.time()))

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import secrets
 from typing import Any, Callable, Union
 
 from jaxlm.sampling_params import SamplingParams
@@ -54,10 +53,13 @@ class ProcessedPrompt:
     prompt_token_ids: list[int]
 
 
-def make_internal_request_id(request_id: str) -> str:
-    """The engine's key for a request: the client's id plus a random suffix (as vLLM), so two
-    live requests with one client id, or an id reused after an abort, never share state."""
-    return f"{request_id}-{secrets.token_hex(4)}"
+def make_internal_request_id(request_id: str, serial: int) -> str:
+    """The engine's key for a request: the client's id plus a suffix (as vLLM), so two live
+    requests with one client id, or an id reused after an abort, never share state. The suffix
+    is the caller's serial number rather than vLLM's random one: unique by construction (the
+    last '-' splits an internal id back into its parts, and a serial never repeats), and it
+    keeps unseeded sampling reproducible for one engine seed (the random stream hashes the id)."""
+    return f"{request_id}-{serial}"
 
 
 def check_utf8(param: str, text: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from typing import Any, Iterable
@@ -62,8 +63,9 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer)
         # first child id -> siblings not yet handed to the scheduler (n > 1)
         self._deferred: dict[str, list[Request]] = {}
-        # Internal ids (client id + random suffix) of unfinished requests.
+        # Internal ids (client id + serial) of unfinished requests.
         self._live_ids: set[str] = set()
+        self._serial = itertools.count()
         self.generation_tokens_total = 0
         self._last_log = time.monotonic()
         self._last_log_tokens = (0, 0)
@@ -100,7 +102,7 @@ class LLMEngine:
         use it; RequestOutput.request_id stays the client's). Raises ValueError naming the
         problem, QueueFullError past max_num_queued_reqs (nothing queued either way)."""
         self.input_processor.check_request_id(request_id)
-        internal_id = internal_request_id or make_internal_request_id(request_id)
+        internal_id = internal_request_id or make_internal_request_id(request_id, next(self._serial))
         if internal_id in self._live_ids:
             raise InvalidRequestError("request_id", f"Internal request id {internal_id!r} is already in use")
         arrival_time = arrival_time or time.time()

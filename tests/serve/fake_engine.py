@@ -8,6 +8,7 @@ real-engine tests (test_real_engine.py) are the ones that prove the server on a 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import random
 import time
@@ -72,6 +73,7 @@ class FakeLLMEngine:
         self.counters = dict(prompt_tokens_total=0, generation_tokens_total=0, prefix_cache_queries=0,
                              prefix_cache_hits=0, num_preemptions_total=0)
         self.fail_on_step: BaseException | None = None  # tests kill the loop with this
+        self._serial = itertools.count()
         # The real admission path, minus the sampler's own check (there is no sampler).
         self.input_processor = InputProcessor(
             self.tokenizer, max_model_len, len(self.tokenizer), self.tokenizer.eos_token_id, set(),
@@ -85,7 +87,7 @@ class FakeLLMEngine:
 
     def add_request(self, request_id: str, prompt: Any, params: SamplingParams,
                     arrival_time: float | None = None, *, internal_request_id: str | None = None) -> str:
-        internal_id = internal_request_id or make_internal_request_id(request_id)
+        internal_id = internal_request_id or make_internal_request_id(request_id, next(self._serial))
         processed = self.input_processor.process_prompt(prompt)
         prompt, ids = processed.prompt, processed.prompt_token_ids
         params = self.input_processor.process_params(params, len(ids))
