@@ -13,6 +13,9 @@ logger = logging.getLogger(__name__)
 
 # Fields of generation_config.json that become SamplingParams defaults (vLLM's list).
 DEFAULT_SAMPLING_FIELDS = ("repetition_penalty", "temperature", "top_k", "top_p", "min_p")
+# transformers' GenerationConfig defaults: vLLM reads the file through to_diff_dict(), which drops
+# values equal to them (a file's "top_k": 50 is not applied).
+_HF_DEFAULTS = {"repetition_penalty": 1.0, "temperature": 1.0, "top_k": 50, "top_p": 1.0}
 
 
 def _read_json(directory: str | None) -> dict[str, Any]:
@@ -43,7 +46,8 @@ def get_diff_sampling_param(model_config: ModelConfig, generation_config: dict[s
 
     "vllm" ignores the file; --override-generation-config applies on top either way (vLLM's rule).
     """
-    config = {} if model_config.generation_config == "vllm" else dict(generation_config)
+    config = {} if model_config.generation_config == "vllm" else {
+        k: v for k, v in generation_config.items() if k not in _HF_DEFAULTS or v != _HF_DEFAULTS[k]}
     config.update(model_config.override_generation_config or {})
     return {k: config[k] for k in DEFAULT_SAMPLING_FIELDS if config.get(k) is not None}
 

@@ -1,6 +1,7 @@
 """InputProcessor: the one admission path. A request's prompt (text / token ids / dict), id and
 SamplingParams are validated and resolved here, and nowhere else; what passes cannot fail later
-in a step. Every refusal is an InvalidRequestError (a ValueError) naming the field."""
+in a step. Every refusal is a ValueError naming the field: an InvalidRequestError (which also
+carries it as `param`), SamplingParams' own check, or the sampler's (check_params)."""
 
 from __future__ import annotations
 

@@ -52,6 +52,10 @@ class LLMEngine:
         generation_config = try_get_generation_config(mc)
         self.default_sampling_params = get_diff_sampling_param(mc, generation_config)
         if self.default_sampling_params:
+            try:
+                SamplingParams(**self.default_sampling_params)  # fail at start-up, not per request
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"Bad sampling defaults in the generation config: {e}") from e
             logger.info("Default sampling parameters from the model's generation config: %s "
                         "(request fields override them; --generation-config vllm ignores them)",
                         self.default_sampling_params)

@@ -77,8 +77,10 @@ def test_generation_config_modes(tmp_path):
     model_dir, other_dir = tmp_path / "model", tmp_path / "other"
     model_dir.mkdir()
     other_dir.mkdir()
-    (model_dir / "generation_config.json").write_text(json.dumps({"temperature": 0.6, "top_p": 0.9,
-                                                                  "max_length": 20, "eos_token_id": 7}))
+    # top_k 50 and repetition_penalty 1.0 are transformers' defaults: not applied (as vLLM).
+    (model_dir / "generation_config.json").write_text(json.dumps({
+        "temperature": 0.6, "top_p": 0.9, "top_k": 50, "repetition_penalty": 1.0, "max_length": 20,
+        "eos_token_id": 7}))
     (other_dir / "generation_config.json").write_text(json.dumps({"top_k": 20, "min_p": 0.1}))
 
     def diff(**kw):
@@ -91,6 +93,7 @@ def test_generation_config_modes(tmp_path):
     assert diff(override_generation_config={"temperature": 0.2, "repetition_penalty": 1.1}) == {
         "temperature": 0.2, "top_p": 0.9, "repetition_penalty": 1.1}
     assert diff(generation_config="vllm", override_generation_config={"top_k": 3}) == {"top_k": 3}
+    assert diff(override_generation_config={"top_k": 50}) == {"temperature": 0.6, "top_p": 0.9, "top_k": 50}
     with pytest.raises(ValueError, match="neither 'auto', 'vllm' nor a directory"):
         diff(generation_config=str(tmp_path / "missing"))
     # A model without the file has no defaults.
