@@ -25,6 +25,8 @@ MAX_BAD_WORDS = 256
 MAX_N = 1_024
 # Seeds are masked into the sampler's uint64 stream ids: int64 or uint64 values are accepted.
 _SEED_MIN, _SEED_MAX = -(1 << 63), (1 << 64) - 1
+# The sampler's float arrays are float32: a larger finite value would become inf there.
+_F32_MAX = 3.4028234663852886e38
 
 
 class InvalidRequestError(ValueError):
@@ -176,6 +178,10 @@ class InputProcessor:
                     "bad_words", f"at most {MAX_BAD_WORDS} bad_words are supported, got {len(p.bad_words)}")
             for word in p.bad_words:
                 check_utf8("bad_words", word)
+        for name in ("temperature", "repetition_penalty"):  # the others are bounded already
+            if getattr(p, name) > _F32_MAX:
+                raise InvalidRequestError(name, f"{name} must be at most {_F32_MAX:.4g}, got {getattr(p, name)}")
         for token_id, bias in (p.logit_bias or {}).items():
-            if not math.isfinite(bias):
-                raise InvalidRequestError("logit_bias", f"logit_bias values must be finite, got {bias} for {token_id}")
+            if not (math.isfinite(bias) and abs(bias) <= _F32_MAX):
+                raise InvalidRequestError(
+                    "logit_bias", f"logit_bias values must be finite float32 numbers, got {bias} for {token_id}")

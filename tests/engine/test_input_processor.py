@@ -84,10 +84,18 @@ def test_floats_must_be_finite(processor, field, value):
         _params(processor, **{field: value})
 
 
+@pytest.mark.parametrize("field", ["temperature", "repetition_penalty"])
+def test_floats_beyond_float32_are_refused(processor, field):
+    with pytest.raises(InvalidRequestError, match=f"{field} must be at most"):
+        _params(processor, **{field: 1e39})
+    assert getattr(_params(processor, **{field: 1e38}), field) == 1e38
+
+
 def test_logit_bias_values_finite_and_keys_in_vocab(processor):
-    with pytest.raises(InvalidRequestError, match="logit_bias values must be finite") as e:
-        _params(processor, logit_bias={5: float("nan")})
-    assert e.value.param == "logit_bias"
+    for value in (float("nan"), float("inf"), 1e39):
+        with pytest.raises(InvalidRequestError, match="logit_bias values must be finite") as e:
+            _params(processor, logit_bias={5: value})
+        assert e.value.param == "logit_bias"
     with pytest.raises(ValueError, match="logit_bias contains out-of-vocab"):
         _params(processor, logit_bias={TINY_VOCAB: 1.0})
     assert _params(processor, logit_bias={5: -3.5}).logit_bias == {5: -3.5}
