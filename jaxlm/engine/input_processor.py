@@ -161,27 +161,28 @@ class InputProcessor:
             raise InvalidRequestError("n", f"n must be <= {MAX_N}, got {p.n}")
         if p.seed is not None and not _SEED_MIN <= p.seed <= _SEED_MAX:
             raise InvalidRequestError("seed", f"seed must fit in 64 bits, got {p.seed}")
-        if len(p.stop) > MAX_STOP_STRINGS:
-            raise InvalidRequestError("stop", f"at most {MAX_STOP_STRINGS} stop strings are supported, got {len(p.stop)}")
+        _check_count("stop", "stop strings", len(p.stop), MAX_STOP_STRINGS)
         for s in p.stop:
             check_utf8("stop", s)
         total = sum(len(s) for s in p.stop)
         if total > MAX_STOP_STRINGS_TOTAL_CHARS:
-            raise InvalidRequestError(
-                "stop", f"stop strings hold {total} characters; at most {MAX_STOP_STRINGS_TOTAL_CHARS} are supported")
-        if len(p.stop_token_ids) > MAX_STOP_TOKEN_IDS:
-            raise InvalidRequestError(
-                "stop_token_ids", f"at most {MAX_STOP_TOKEN_IDS} stop_token_ids are supported, got {len(p.stop_token_ids)}")
+            raise InvalidRequestError("stop", f"stop strings hold {total} characters; at most "
+                                              f"{MAX_STOP_STRINGS_TOTAL_CHARS} are supported")
+        _check_count("stop_token_ids", "stop_token_ids", len(p.stop_token_ids), MAX_STOP_TOKEN_IDS)
         if p.bad_words is not None:
-            if len(p.bad_words) > MAX_BAD_WORDS:
-                raise InvalidRequestError(
-                    "bad_words", f"at most {MAX_BAD_WORDS} bad_words are supported, got {len(p.bad_words)}")
+            _check_count("bad_words", "bad_words", len(p.bad_words), MAX_BAD_WORDS)
             for word in p.bad_words:
                 check_utf8("bad_words", word)
         for name in ("temperature", "repetition_penalty"):  # the others are bounded already
-            if getattr(p, name) > _F32_MAX:
-                raise InvalidRequestError(name, f"{name} must be at most {_F32_MAX:.4g}, got {getattr(p, name)}")
+            value = getattr(p, name)
+            if value > _F32_MAX:
+                raise InvalidRequestError(name, f"{name} must be at most {_F32_MAX:.4g}, got {value}")
         for token_id, bias in (p.logit_bias or {}).items():
             if not (math.isfinite(bias) and abs(bias) <= _F32_MAX):
                 raise InvalidRequestError(
                     "logit_bias", f"logit_bias values must be finite float32 numbers, got {bias} for {token_id}")
+
+
+def _check_count(param: str, what: str, count: int, limit: int) -> None:
+    if count > limit:
+        raise InvalidRequestError(param, f"at most {limit} {what} are supported, got {count}")
