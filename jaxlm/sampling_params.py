@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import math
 from typing import Any
 
 _GREEDY_EPS = 1e-5
@@ -60,13 +61,19 @@ class SamplingParams:
         if self.greedy:
             # Zero temperature is greedy: the random-sampling filters do not apply (as vLLM).
             self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
-        # The engine adds eos / generation-config ids (update_from_generation_config).
+        # The InputProcessor adds eos / generation-config ids (update_from_generation_config).
         self.all_stop_token_ids = set(self.all_stop_token_ids) | set(self.stop_token_ids)
 
     def _verify(self) -> None:
         def bad(field: str, why: str, value: Any) -> ValueError:
             return ValueError(f"{field} {why}, got {value!r}")
 
+        for name in ("presence_penalty", "frequency_penalty", "repetition_penalty", "temperature",
+                     "top_p", "min_p"):
+            value = getattr(self, name)
+            # NaN passes every comparison below and inf temperature divides logits to NaN.
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise bad(name, "must be a finite number", value)
         if not isinstance(self.n, int) or self.n < 1:
             raise bad("n", "must be an integer >= 1", self.n)
         for name in ("presence_penalty", "frequency_penalty"):
@@ -104,7 +111,8 @@ class SamplingParams:
 
     def update_from_generation_config(self, generation_config: dict[str, Any],
                                       model_eos_token_id: int | None = None) -> None:
-        """Add eos and generation_config.eos_token_id(s) to the stop ids (vLLM's rule).
+        """Add eos and generation_config.eos_token_id(s) to the stop ids (vLLM's rule); the
+        InputProcessor calls it, the one place a request's stop ids are resolved.
 
         all_stop_token_ids (min_tokens masking) gets all of them; stop_token_ids (which finish
         a request) gets the extra generation-config ids unless ignore_eos.

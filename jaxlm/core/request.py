@@ -58,15 +58,19 @@ class Request:
     max_tokens: int | None = None
     # Chained hashes of the full blocks seen so far (extended lazily by the KVCacheManager).
     block_hashes: list[BlockHash] = dataclasses.field(default_factory=list, repr=False)
-    # Tokens that stop the request (eos excluded); filled by add_request.
+    # Tokens that end the request (eos excluded: it is checked unless ignore_eos): the
+    # SamplingParams' stop_token_ids as the InputProcessor resolved them.
     stop_token_ids: frozenset[int] = dataclasses.field(default_factory=frozenset, repr=False)
 
     def __post_init__(self) -> None:
         self.prompt_token_ids = list(self.prompt_token_ids)
         if not self.all_token_ids:
             self.all_token_ids = self.prompt_token_ids + list(self.output_token_ids)
-        if self.max_tokens is None and self.sampling_params is not None:
-            self.max_tokens = self.sampling_params.max_tokens
+        if self.sampling_params is not None:
+            if self.max_tokens is None:
+                self.max_tokens = self.sampling_params.max_tokens
+            if not self.stop_token_ids:
+                self.stop_token_ids = frozenset(self.sampling_params.stop_token_ids or ())
 
     @property
     def num_prompt_tokens(self) -> int:

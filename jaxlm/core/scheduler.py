@@ -78,11 +78,6 @@ class Scheduler:
                 f"needs {blocks_needed} KV cache blocks of {self.block_size} tokens but the cache "
                 f"has only {self.kv_cache_manager.num_blocks}; lower max_tokens or the prompt length"
             )
-        sp = request.sampling_params
-        stop_ids = set(sp.stop_token_ids or ()) | set(sp.all_stop_token_ids or ())
-        if sp.ignore_eos and request.eos_token_id is not None:
-            stop_ids.discard(request.eos_token_id)
-        request.stop_token_ids = frozenset(stop_ids)
         request.status = RequestStatus.WAITING
         self.requests[rid] = request
         self.waiting.append(request)
@@ -90,14 +85,30 @@ class Scheduler:
     # -- one step --------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
+        num_scheduled_tokens: dict[str, int] = {}
+        cached = CachedRequestData()
+        token_budget, preempted_reqs = self._schedule_running(num_scheduled_tokens, cached)
+        new_reqs_data: list[NewRequestData] = []
+        if not preempted_reqs:  # after a preemption blocks are short this step: no admissions
+            token_budget = self._schedule_waiting(token_budget, num_scheduled_tokens, new_reqs_data)
+        output = SchedulerOutput(
+            scheduled_new_reqs=new_reqs_data,
+            scheduled_cached_reqs=cached,
+            num_scheduled_tokens=num_scheduled_tokens,
+            total_num_scheduled_tokens=self.max_num_batched_tokens - token_budget,
+            finished_req_ids=self.finished_req_ids,
+            preempted_req_ids={r.request_id for r in preempted_reqs},
+        )
+        self.finished_req_ids = set()
+        return output
+
+    def _schedule_running(self, num_scheduled_tokens: dict[str, int],
+                          cached: CachedRequestData) -> tuple[int, list[Request]]:
+        """Running requests: decode tokens and remaining prompt chunks, preempting the newest
+        when blocks run out. Returns (token budget left, preempted requests)."""
         token_budget = self.max_num_batched_tokens
         kv = self.kv_cache_manager
-        num_scheduled_tokens: dict[str, int] = {}
-        new_reqs_data: list[NewRequestData] = []
-        cached = CachedRequestData()
         preempted_reqs: list[Request] = []
-
-        # 1. Running requests: decode tokens and remaining prompt chunks.
         req_index = 0
         while req_index < len(self.running) and token_budget > 0:
             request = self.running[req_index]
@@ -124,9 +135,13 @@ class Scheduler:
             cached.new_block_ids.append([b.block_id for b in new_blocks])
             cached.num_computed_tokens.append(request.num_computed_tokens)
             req_index += 1
+        return token_budget, preempted_reqs
 
-        # 2. Waiting requests, FCFS. Not after a preemption: blocks are short this step.
-        while not preempted_reqs and self.waiting and token_budget > 0:
+    def _schedule_waiting(self, token_budget: int, num_scheduled_tokens: dict[str, int],
+                          new_reqs_data: list[NewRequestData]) -> int:
+        """Waiting requests, FCFS, while budget, max_num_seqs and blocks allow; returns the budget left."""
+        kv = self.kv_cache_manager
+        while self.waiting and token_budget > 0:
             if len(self.running) >= self.max_num_seqs:
                 break
             request = self.waiting[0]
@@ -158,18 +173,7 @@ class Scheduler:
                     num_computed_tokens=num_computed,
                 )
             )
-
-        total = self.max_num_batched_tokens - token_budget
-        output = SchedulerOutput(
-            scheduled_new_reqs=new_reqs_data,
-            scheduled_cached_reqs=cached,
-            num_scheduled_tokens=num_scheduled_tokens,
-            total_num_scheduled_tokens=total,
-            finished_req_ids=self.finished_req_ids,
-            preempted_req_ids={r.request_id for r in preempted_reqs},
-        )
-        self.finished_req_ids = set()
-        return output
+        return token_budget
 
     def _preempt(self, request: Request) -> None:
         self.kv_cache_manager.free(request)

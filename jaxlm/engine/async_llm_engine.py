@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
+import itertools
 import logging
 import threading
 import time
@@ -18,6 +19,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from jaxlm.engine.exceptions import EngineDeadError, QueueFullError
+from jaxlm.engine.input_processor import make_internal_request_id
 from jaxlm.outputs import RequestOutput
 from jaxlm.sampling_params import SamplingParams
 
@@ -37,19 +39,21 @@ _STATS_INTERVAL_S = 0.05
 class _Stream:
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue  # RequestOutput | BaseException items
+    request_id: str  # the client's
 
 
 @dataclasses.dataclass
 class _Add:
-    request_id: str
-    prompt: str | list[int]
+    request_id: str  # the client's
+    internal_id: str
+    prompt: Any
     params: SamplingParams
     arrival_time: float
 
 
 @dataclasses.dataclass
 class _Abort:
-    request_ids: list[str]
+    internal_ids: list[str]
 
 
 class AsyncLLMEngine:
@@ -60,7 +64,11 @@ class AsyncLLMEngine:
         self._commands: list[_Add | _Abort] = []
         self._stop = False
         self._abort_on_stop = False
-        self._streams: dict[str, _Stream] = {}  # touched only under self._cv
+        # Internal id (client id + serial) -> stream; touched only under self._cv. Outputs
+        # are routed by internal id, so an aborted request's late outputs reach nobody, even
+        # when a new request reuses its client id before the abort is processed.
+        self._streams: dict[str, _Stream] = {}
+        self._serial = itertools.count()  # internal id suffixes, drawn under self._cv
         self._stats: dict[str, Any] = {}
         self._dead: BaseException | None = None
         self._ready = threading.Event()
@@ -110,23 +118,32 @@ class AsyncLLMEngine:
         with self._cv:
             return len(self._streams)
 
+    def get_input_processor(self) -> Any:
+        """The engine's InputProcessor (the one admission path) for checks before queueing."""
+        return self.engine.get_input_processor()
+
+    def get_diff_sampling_param(self) -> dict[str, Any]:
+        """SamplingParams defaults from the model's generation_config.json (request fields win)."""
+        return self.engine.get_diff_sampling_param()
+
     # ---------------------------------------------------------------- requests
     async def generate(
         self,
-        prompt: str | list[int],
+        prompt: Any,
         sampling_params: SamplingParams,
         request_id: str,
         arrival_time: float | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        """Yields the request's outputs until it finishes; closing the generator aborts it."""
+        """Yields the request's outputs until it finishes; closing the generator aborts it.
+        Two live requests may share a request_id: each gets its own outputs."""
         if not self.is_running:
             raise self.dead_error if self._dead is not None else EngineDeadError("engine is stopped")
-        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue())
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), request_id)
         with self._cv:
-            if request_id in self._streams:
-                raise ValueError(f"request id {request_id!r} is already in use")
-            self._streams[request_id] = stream
-            self._commands.append(_Add(request_id, prompt, sampling_params, arrival_time or time.time()))
+            internal_id = make_internal_request_id(request_id, next(self._serial))
+            self._streams[internal_id] = stream
+            self._commands.append(_Add(request_id, internal_id, prompt, sampling_params,
+                                       arrival_time or time.time()))
             self._cv.notify()
         finished = False
         try:
@@ -141,16 +158,20 @@ class AsyncLLMEngine:
                     return
         finally:
             if not finished:  # cancelled, closed early or the caller raised: free its KV blocks
-                self._abort_nowait([request_id])
+                self._abort_nowait([internal_id])
 
     async def abort(self, request_id: str | list[str]) -> None:
-        self._abort_nowait([request_id] if isinstance(request_id, str) else list(request_id))
-
-    def _abort_nowait(self, request_ids: list[str]) -> None:
+        """Abort every live request with these client ids."""
+        client_ids = {request_id} if isinstance(request_id, str) else set(request_id)
         with self._cv:
-            for rid in request_ids:
-                self._streams.pop(rid, None)
-            self._commands.append(_Abort(request_ids))
+            internal_ids = [i for i, s in self._streams.items() if s.request_id in client_ids]
+        self._abort_nowait(internal_ids)
+
+    def _abort_nowait(self, internal_ids: list[str]) -> None:
+        with self._cv:
+            for iid in internal_ids:
+                self._streams.pop(iid, None)
+            self._commands.append(_Abort(internal_ids))
             self._cv.notify()
 
     async def check_health(self) -> None:
@@ -199,17 +220,17 @@ class AsyncLLMEngine:
                 stop, abort_on_stop = self._stop, self._abort_on_stop
             for cmd in commands:
                 if isinstance(cmd, _Abort):
-                    engine.abort_request(cmd.request_ids)
+                    engine.abort_request(cmd.internal_ids, internal=True)
                 else:
                     self._add(engine, cmd)
             if stop and (abort_on_stop or not engine.has_unfinished_requests()):
                 with self._cv:
                     pending = list(self._streams)
                 if pending:
-                    engine.abort_request(pending)
+                    engine.abort_request(pending, internal=True)
                 return
             if engine.has_unfinished_requests():
-                outputs = engine.step()
+                outputs = engine.step_routed()
                 if outputs:
                     self._dispatch(outputs)
                 now = time.monotonic()
@@ -219,28 +240,29 @@ class AsyncLLMEngine:
 
     def _add(self, engine: "LLMEngine", cmd: _Add) -> None:
         with self._cv:
-            if cmd.request_id not in self._streams:
+            if cmd.internal_id not in self._streams:
                 return  # aborted before it reached the engine
         try:
             # Raises ValueError for bad input, QueueFullError past --max-num-queued-reqs.
-            engine.add_request(cmd.request_id, cmd.prompt, cmd.params, arrival_time=cmd.arrival_time)
+            engine.add_request(cmd.request_id, cmd.prompt, cmd.params, arrival_time=cmd.arrival_time,
+                               internal_request_id=cmd.internal_id)
         except Exception as e:  # noqa: BLE001 - goes to this request's caller only
             with self._cv:
-                stream = self._streams.pop(cmd.request_id, None)
+                stream = self._streams.pop(cmd.internal_id, None)
             if stream is not None:
                 stream.loop.call_soon_threadsafe(stream.queue.put_nowait, e)
 
-    def _dispatch(self, outputs: list[RequestOutput]) -> None:
+    def _dispatch(self, outputs: list[tuple[str, RequestOutput]]) -> None:
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, RequestOutput]]] = {}
         with self._cv:
-            for out in outputs:
-                stream = self._streams.get(out.request_id)
+            for internal_id, out in outputs:
+                stream = self._streams.get(internal_id)
                 if stream is None:
                     continue  # aborted meanwhile
                 by_loop.setdefault(stream.loop, []).append((stream.queue, out))
-            for out in outputs:  # after the loop: n > 1 gives several outputs per request a step
+            for internal_id, out in outputs:  # after the loop: n > 1 gives several outputs a step
                 if out.finished:
-                    self._streams.pop(out.request_id, None)
+                    self._streams.pop(internal_id, None)
         for loop, items in by_loop.items():
             try:
                 loop.call_soon_threadsafe(_put_all, items)

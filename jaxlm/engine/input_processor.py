@@ -1,14 +1,53 @@
-"""InputProcessor: prompt (text / token ids) + SamplingParams -> a validated, tokenized request."""
+"""InputProcessor: the one admission path. A request's prompt (text / token ids / dict), id and
+SamplingParams are validated and resolved here, and nowhere else; what passes cannot fail later
+in a step. Every refusal is a ValueError naming the field: an InvalidRequestError (which also
+carries it as `param`), SamplingParams' own check, or the sampler's (check_params)."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable, Union
 
 from jaxlm.sampling_params import SamplingParams
 
 # vLLM's prompt forms: "text", [token ids], {"prompt": text} or {"prompt_token_ids": [...]}.
 PromptType = Union[str, list[int], dict]
+
+# Caps no real client meets (OpenAI allows 4 stop strings). Each bounds per-request CPU work:
+# stop strings are searched in the new text at every step, bad words are matched every step and
+# fan out into the sampler's fixed-width bias row.
+MAX_STOP_STRINGS = 256
+MAX_STOP_STRINGS_TOTAL_CHARS = 16_384
+MAX_STOP_TOKEN_IDS = 1_024
+MAX_BAD_WORDS = 256
+# One request's n fans out into n sequences; past this it is a denial of service, not a use.
+MAX_N = 1_024
+# Seeds are masked into the sampler's uint64 stream ids: int64 or uint64 values are accepted.
+_SEED_MIN, _SEED_MAX = -(1 << 63), (1 << 64) - 1
+# The sampler's float arrays are float32: a larger finite value would become inf there.
+_F32_MAX = 3.4028234663852886e38
+
+
+class InvalidRequestError(ValueError):
+    """A request the engine refuses; `param` names the field (the server's 400 `param`)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class PromptTooLongError(InvalidRequestError):
+    """The prompt leaves no room to generate; the server words it the OpenAI way."""
+
+    def __init__(self, prompt_len: int, max_model_len: int) -> None:
+        super().__init__(
+            "prompt",
+            f"The decoder prompt (length {prompt_len}) is longer than the maximum model length of "
+            f"{max_model_len}. Make sure that `max_model_len` is no smaller than the number of text "
+            "tokens plus one generated token.")
+        self.prompt_len = prompt_len
+        self.max_model_len = max_model_len
 
 
 @dataclasses.dataclass
@@ -17,55 +56,133 @@ class ProcessedPrompt:
     prompt_token_ids: list[int]
 
 
+def make_internal_request_id(request_id: str, serial: int) -> str:
+    """The engine's key for a request: the client's id plus a suffix (as vLLM), so two live
+    requests with one client id, or an id reused after an abort, never share state. The suffix
+    is the caller's serial number rather than vLLM's random one: unique by construction (the
+    last '-' splits an internal id back into its parts, and a serial never repeats), and it
+    keeps unseeded sampling reproducible for one engine seed (the random stream hashes the id)."""
+    return f"{request_id}-{serial}"
+
+
+def check_utf8(param: str, text: str) -> None:
+    """Lone surrogates ("\\ud800" is legal JSON) cannot be encoded, tokenized or hashed."""
+    if not isinstance(text, str):
+        raise InvalidRequestError(param, f"{param} must be a string, got {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidRequestError(param, f"{param} is not valid UTF-8: {e.reason} at position {e.start}") from None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 class InputProcessor:
-    def __init__(self, tokenizer: Any, max_model_len: int, vocab_size: int, eos_token_ids: set[int],
-                 check_params: Callable[[SamplingParams], None]):
+    """vocab_size: the logits' width; eos_token_id: the tokenizer's (ends a request unless
+    ignore_eos); generation_eos_ids: every eos id of generation_config.json and the model config
+    (the others end a request unless ignore_eos, as stop_token_ids); check_params: the
+    sampler's own admission check (what it cannot honour, e.g. logprobs above max_logprobs)."""
+
+    def __init__(self, tokenizer: Any, max_model_len: int, vocab_size: int, eos_token_id: int | None,
+                 generation_eos_ids: set[int], check_params: Callable[[SamplingParams], None]):
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
-        # eos of the tokenizer and generation_config: all end a request unless ignore_eos.
-        self.eos_token_ids = eos_token_ids
-        # The sampler's own admission check: whatever it cannot honour is refused here.
+        self.eos_token_id = eos_token_id
+        self.generation_eos_ids = frozenset(generation_eos_ids)
         self.check_params = check_params
 
-    def process_prompt(self, prompt: PromptType) -> ProcessedPrompt:
+    def check_request_id(self, request_id: str) -> None:
+        check_utf8("request_id", request_id)
+
+    def process_prompt(self, prompt: PromptType | ProcessedPrompt) -> ProcessedPrompt:
+        if isinstance(prompt, ProcessedPrompt):
+            return prompt  # made by process_prompt already (the server checks before queueing)
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
                 prompt = list(prompt["prompt_token_ids"])
             elif "prompt" in prompt:
                 prompt = prompt["prompt"]
             else:
-                raise ValueError("A prompt dict needs a 'prompt' or a 'prompt_token_ids' key")
+                raise InvalidRequestError("prompt", "A prompt dict needs a 'prompt' or a 'prompt_token_ids' key")
         if isinstance(prompt, str):
-            text, ids = prompt, self.tokenizer.encode(prompt)
-        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            check_utf8("prompt", prompt)
+            text, ids = prompt, list(self.tokenizer.encode(prompt))
+        elif isinstance(prompt, (list, tuple)) and all(_is_int(t) for t in prompt):
             text, ids = None, list(prompt)
         else:
-            raise ValueError(f"A prompt must be a string or a list of token ids, got {type(prompt).__name__}")
-        if not ids:
-            raise ValueError("The decoder prompt cannot be empty")
-        bad = [t for t in ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"Token id {bad[0]} is out of vocabulary (vocab size {self.vocab_size})")
-        if len(ids) >= self.max_model_len:
-            raise ValueError(
-                f"The decoder prompt (length {len(ids)}) is longer than the maximum model length of "
-                f"{self.max_model_len}. Make sure that `max_model_len` is no smaller than the number "
-                "of text tokens plus one generated token."
-            )
+            raise InvalidRequestError(
+                "prompt", f"A prompt must be a string or a list of token ids, got {type(prompt).__name__}")
+        self.check_prompt_token_ids(ids)
+        self.check_prompt_len(len(ids))
         return ProcessedPrompt(text, ids)
 
-    def process_params(self, params: SamplingParams, prompt_len: int) -> SamplingParams:
-        """A copy of params with the engine's defaults and token-level fields filled in."""
-        params = params.clone()
+    def check_prompt_token_ids(self, ids: list[int]) -> None:
+        """Non-empty and in the vocabulary (also what /detokenize needs)."""
+        if not ids:
+            raise InvalidRequestError("prompt", "The decoder prompt cannot be empty")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise InvalidRequestError(
+                "prompt", f"Token id {bad[0]} is out of vocabulary (vocab size {self.vocab_size})")
+
+    def check_prompt_len(self, prompt_len: int) -> None:
+        """Room for at least one generated token."""
+        if prompt_len >= self.max_model_len:
+            raise PromptTooLongError(prompt_len, self.max_model_len)
+
+    def max_tokens_for(self, prompt_len: int, requested: int | None) -> int:
+        """max_tokens clamped to the room left: past max_model_len a request ends with "length"."""
         room = self.max_model_len - prompt_len
-        # Past max_model_len a request finishes with "length", as in vLLM's offline API.
-        params.max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
+        return room if requested is None else min(requested, room)
+
+    def process_params(self, params: SamplingParams, prompt_len: int) -> SamplingParams:
+        """A validated copy of params with the engine-dependent fields resolved."""
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequestError("sampling_params", f"expected SamplingParams, got {type(params).__name__}")
+        params = params.clone()  # re-runs SamplingParams' own checks on the current field values
+        self._check_limits(params)
+        params.max_tokens = self.max_tokens_for(prompt_len, params.max_tokens)
+        if params.top_k >= self.vocab_size:
+            params.top_k = 0  # all tokens, as vLLM clamps top_k to the vocabulary
+        # The one place stop ids are resolved: stop_token_ids end the request (the user's and
+        # generation_config's extra eos ids unless ignore_eos); all_stop_token_ids are only held
+        # back under min_tokens; the tokenizer's eos ends it unless ignore_eos (the scheduler).
         params.update_from_generation_config(
-            {"eos_token_id": sorted(self.eos_token_ids)}, self.tokenizer.eos_token_id)
-        params.all_stop_token_ids |= set(params.stop_token_ids)
-        if params.ignore_eos:
-            params.all_stop_token_ids.discard(self.tokenizer.eos_token_id)
+            {"eos_token_id": sorted(self.generation_eos_ids)}, self.eos_token_id)
         params.update_from_tokenizer(self.tokenizer)
         self.check_params(params)
         return params
+
+    def _check_limits(self, p: SamplingParams) -> None:
+        if p.n > MAX_N:
+            raise InvalidRequestError("n", f"n must be <= {MAX_N}, got {p.n}")
+        if p.seed is not None and not _SEED_MIN <= p.seed <= _SEED_MAX:
+            raise InvalidRequestError("seed", f"seed must fit in 64 bits, got {p.seed}")
+        _check_count("stop", "stop strings", len(p.stop), MAX_STOP_STRINGS)
+        for s in p.stop:
+            check_utf8("stop", s)
+        total = sum(len(s) for s in p.stop)
+        if total > MAX_STOP_STRINGS_TOTAL_CHARS:
+            raise InvalidRequestError("stop", f"stop strings hold {total} characters; at most "
+                                              f"{MAX_STOP_STRINGS_TOTAL_CHARS} are supported")
+        _check_count("stop_token_ids", "stop_token_ids", len(p.stop_token_ids), MAX_STOP_TOKEN_IDS)
+        if p.bad_words is not None:
+            _check_count("bad_words", "bad_words", len(p.bad_words), MAX_BAD_WORDS)
+            for word in p.bad_words:
+                check_utf8("bad_words", word)
+        for name in ("temperature", "repetition_penalty"):  # the others are bounded already
+            value = getattr(p, name)
+            if value > _F32_MAX:
+                raise InvalidRequestError(name, f"{name} must be at most {_F32_MAX:.4g}, got {value}")
+        for token_id, bias in (p.logit_bias or {}).items():
+            if not (math.isfinite(bias) and abs(bias) <= _F32_MAX):
+                raise InvalidRequestError(
+                    "logit_bias", f"logit_bias values must be finite float32 numbers, got {bias} for {token_id}")
+
+
+def _check_count(param: str, what: str, count: int, limit: int) -> None:
+    if count > limit:
+        raise InvalidRequestError(param, f"at most {limit} {what} are supported, got {count}")

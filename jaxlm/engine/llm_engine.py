@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import os
 import time
 from typing import Any, Iterable
 
@@ -12,7 +11,10 @@ from jaxlm.core.request import Request, RequestStatus
 from jaxlm.core.scheduler import Scheduler
 from jaxlm.engine.arg_utils import EngineArgs
 from jaxlm.engine.exceptions import QueueFullError
-from jaxlm.engine.input_processor import InputProcessor, PromptType
+from jaxlm.engine.generation_config import (
+    generation_eos_token_ids, get_diff_sampling_param, try_get_generation_config)
+from jaxlm.engine.input_processor import (
+    InputProcessor, InvalidRequestError, PromptType, ProcessedPrompt, make_internal_request_id)
 from jaxlm.engine.output_processor import OutputProcessor, ParentRequest
 from jaxlm.executor.abstract import Executor
 from jaxlm.config import EngineConfig
@@ -24,21 +26,6 @@ from jaxlm.sampling_params import SamplingParams
 logger = logging.getLogger(__name__)
 
 _STATS_INTERVAL_S = 5.0
-
-
-def _eos_ids(tokenizer: Any, hf_config: Any, model_path: str | None) -> set[int]:
-    ids: set[int] = set()
-    for source in (tokenizer.eos_token_id, getattr(hf_config, "eos_token_id", None)):
-        if isinstance(source, int):
-            ids.add(source)
-        elif isinstance(source, (list, tuple)):
-            ids.update(int(i) for i in source)
-    if model_path and os.path.isfile(os.path.join(model_path, "generation_config.json")):
-        from transformers import GenerationConfig
-
-        gen = GenerationConfig.from_pretrained(model_path).eos_token_id
-        ids.update([gen] if isinstance(gen, int) else (gen or []))
-    return ids
 
 
 class LLMEngine:
@@ -62,16 +49,27 @@ class LLMEngine:
 
         vocab = int(mc.hf_config.vocab_size)
         self.eos_token_id = self.tokenizer.eos_token_id
-        checker = SamplingInputBuilder(vocab, mc.max_model_len)
+        generation_config = try_get_generation_config(mc)
+        self.default_sampling_params = get_diff_sampling_param(mc, generation_config)
+        if self.default_sampling_params:
+            try:
+                SamplingParams(**self.default_sampling_params)  # fail at start-up, not per request
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"Bad sampling defaults in the generation config: {e}") from e
+            logger.info("Default sampling parameters from the model's generation config: %s "
+                        "(request fields override them; --generation-config vllm ignores them)",
+                        self.default_sampling_params)
+        # Admission asks the sampler what it can honour; B's runner builds its own with the same limits.
+        checker = SamplingInputBuilder(vocab, mc.max_model_len, max_logprobs=mc.max_logprobs)
         self.input_processor = InputProcessor(
-            self.tokenizer, mc.max_model_len, vocab, _eos_ids(self.tokenizer, mc.hf_config, mc.model),
-            checker.check_params)
+            self.tokenizer, mc.max_model_len, vocab, self.eos_token_id,
+            generation_eos_token_ids(generation_config, mc.hf_config), checker.check_params)
         self.output_processor = OutputProcessor(self.tokenizer)
-        self._counter = itertools.count()
         # first child id -> siblings not yet handed to the scheduler (n > 1)
         self._deferred: dict[str, list[Request]] = {}
-        # User-facing ids of unfinished requests (duplicates are refused).
-        self._active_ids: set[str] = set()
+        # Internal ids (client id + serial) of unfinished requests.
+        self._live_ids: set[str] = set()
+        self._serial = itertools.count()
         self.generation_tokens_total = 0
         self._last_log = time.monotonic()
         self._last_log_tokens = (0, 0)
@@ -87,20 +85,35 @@ class LLMEngine:
         """The in-process ModelRunner (compile guard, bucket and padding counters): tests and benches."""
         return self.executor.get_model_runner()
 
+    def get_input_processor(self) -> InputProcessor:
+        """The one admission path: the server checks prompts with it before queueing them."""
+        return self.input_processor
+
+    def get_diff_sampling_param(self) -> dict[str, Any]:
+        """SamplingParams fields the model's generation_config.json sets (vLLM's name)."""
+        return dict(self.default_sampling_params)
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """SamplingParams() with the model's recommended defaults: what a request that sets no
+        sampling field gets (vLLM's LLM.get_default_sampling_params)."""
+        return SamplingParams(**self.default_sampling_params)
+
     # ---- requests ------------------------------------------------------------------------
 
-    def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
-                    arrival_time: float | None = None) -> None:
-        """Validate and queue a request; raises ValueError naming the problem (nothing queued)."""
-        if request_id in self._active_ids:
-            raise ValueError(f"Request id {request_id!r} is already running")
+    def add_request(self, request_id: str, prompt: PromptType | ProcessedPrompt, params: SamplingParams,
+                    arrival_time: float | None = None, *, internal_request_id: str | None = None) -> str:
+        """Validate and queue a request; returns its internal id (abort_request and step_routed
+        use it; RequestOutput.request_id stays the client's). Raises ValueError naming the
+        problem, QueueFullError past max_num_queued_reqs (nothing queued either way)."""
+        self.input_processor.check_request_id(request_id)
+        internal_id = internal_request_id or make_internal_request_id(request_id, next(self._serial))
+        if internal_id in self._live_ids:
+            raise InvalidRequestError("request_id", f"Internal request id {internal_id!r} is already in use")
         arrival_time = arrival_time or time.time()
         processed = self.input_processor.process_prompt(prompt)
         params = self.input_processor.process_params(params, len(processed.prompt_token_ids))
-        max_queued = self.engine_config.scheduler_config.max_num_queued_reqs
-        if max_queued is not None and self.scheduler.make_stats().num_waiting_reqs >= max_queued:
-            raise QueueFullError(f"The waiting queue is full ({max_queued} requests); try again later")
-        children = self._fan_out(request_id, params)
+        self._check_queue(params.n)
+        children = self._fan_out(internal_id, request_id, params)
         core_requests = []
         for child_id, child_params, parent, index in children:
             core_requests.append(Request(
@@ -112,27 +125,46 @@ class LLMEngine:
         if len(core_requests) > 1:
             self._deferred[core_requests[0].request_id] = core_requests[1:]
         for (child_id, child_params, parent, index) in children:
-            self.output_processor.add_request(child_id, processed.prompt, processed.prompt_token_ids,
-                                              child_params, arrival_time, parent, index)
-        self._active_ids.add(request_id)
+            self.output_processor.add_request(child_id, request_id, processed.prompt,
+                                              processed.prompt_token_ids, child_params, arrival_time,
+                                              parent, index)
+        self._live_ids.add(internal_id)
+        return internal_id
+
+    def _check_queue(self, n: int) -> None:
+        """Refuse past max_num_queued_reqs. Only sequences that would have to wait count (none
+        while running slots are free), and a request's n counts as n requests."""
+        sched = self.engine_config.scheduler_config
+        if sched.max_num_queued_reqs is None:
+            return
+        stats = self.scheduler.make_stats()
+        unscheduled = stats.num_waiting_reqs + sum(len(s) for s in self._deferred.values())
+        would_wait = stats.num_running_reqs + unscheduled + n - sched.max_num_seqs
+        if would_wait > sched.max_num_queued_reqs:
+            raise QueueFullError(
+                f"The waiting queue is full ({sched.max_num_queued_reqs} requests); try again later")
 
     @staticmethod
-    def _fan_out(request_id: str, params: SamplingParams):
+    def _fan_out(internal_id: str, request_id: str, params: SamplingParams):
         if params.n == 1:
-            return [(request_id, params, None, 0)]
-        parent = ParentRequest(request_id, params.n)
+            return [(internal_id, params, None, 0)]
+        parent = ParentRequest(internal_id, request_id, params.n)
         children = []
         for i in range(params.n):
             child = params.clone()
             child.n = 1
             if params.seed is not None:
                 child.seed = params.seed + i  # distinct but reproducible samples
-            children.append((f"{i}_{request_id}", child, parent, i))
+            children.append((f"{i}_{internal_id}", child, parent, i))
         return children
 
-    def abort_request(self, request_ids: str | Iterable[str]) -> None:
+    def abort_request(self, request_ids: str | Iterable[str], internal: bool = False) -> None:
+        """Abort by client id (every live request with it), or by internal id (what add_request
+        returned) when internal=True (vLLM's flag); unknown ids are ignored."""
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
-        self._active_ids.difference_update(ids)
+        if not internal:
+            ids = self.output_processor.internal_ids_of(ids)
+        self._live_ids.difference_update(ids)
         core_ids = self.output_processor.abort_requests(ids)
         for req_id in core_ids:
             self._deferred.pop(req_id, None)
@@ -148,20 +180,25 @@ class LLMEngine:
     # ---- the loop ------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        return [out for _, out in self.step_routed()]
+
+    def step_routed(self) -> list[tuple[str, RequestOutput]]:
+        """One engine step: (internal id, output) pairs, the internal id being what add_request
+        returned: AsyncLLMEngine routes by it, never by the client's id."""
         scheduler_output = self.scheduler.schedule()
         runner_output = self.executor.execute_model(scheduler_output)
         core_outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         if self._deferred:
             self._release_siblings(core_outputs)
         self.generation_tokens_total += sum(len(o.new_token_ids) for o in core_outputs)
-        request_outputs, to_abort = self.output_processor.process_outputs(core_outputs)
-        for out in request_outputs:
+        routed, to_abort = self.output_processor.process_outputs(core_outputs)
+        for internal_id, out in routed:
             if out.finished:
-                self._active_ids.discard(out.request_id)
+                self._live_ids.discard(internal_id)
         if to_abort:  # stop strings end requests the core still thinks are running
             self.scheduler.finish_requests(to_abort, RequestStatus.FINISHED_STOPPED)
         self._maybe_log_stats()
-        return request_outputs
+        return routed
 
     def _release_siblings(self, core_outputs) -> None:
         for out in core_outputs:

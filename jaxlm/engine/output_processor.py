@@ -17,17 +17,19 @@ from jaxlm.sampling_params import RequestOutputKind, SamplingParams
 class ParentRequest:
     """n > 1: the user's request fans out into n child requests sharing the prompt."""
 
-    request_id: str
+    request_id: str  # internal (client id + suffix): the key outputs are routed by
+    external_req_id: str  # the client's: what RequestOutput.request_id shows
     n: int
     latest: dict[int, CompletionOutput] = dataclasses.field(default_factory=dict)
     finished: set[int] = dataclasses.field(default_factory=set)
 
 
 class RequestState:
-    def __init__(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
+    def __init__(self, request_id: str, external_req_id: str, prompt: str | None, prompt_token_ids: list[int],
                  params: SamplingParams, tokenizer: Any, arrival_time: float,
                  parent: ParentRequest | None, index: int, token_decoder: TokenDecoder):
         self.request_id = request_id
+        self.external_req_id = external_req_id
         self.prompt = prompt
         self.prompt_token_ids = prompt_token_ids
         self.params = params
@@ -65,18 +67,27 @@ class OutputProcessor:
         # Prompt tokens of requests whose prefill finished (vllm:prompt_tokens_total).
         self.num_prompt_tokens_done = 0
 
-    def add_request(self, request_id: str, prompt: str | None, prompt_token_ids: list[int],
-                    params: SamplingParams, arrival_time: float,
+    def add_request(self, request_id: str, external_req_id: str, prompt: str | None,
+                    prompt_token_ids: list[int], params: SamplingParams, arrival_time: float,
                     parent: ParentRequest | None = None, index: int = 0) -> None:
+        """request_id: the internal (core) id; external_req_id: the client's."""
         self.request_states[request_id] = RequestState(
-            request_id, prompt, prompt_token_ids, params, self.tokenizer, arrival_time, parent, index,
+            request_id, external_req_id, prompt, prompt_token_ids, params, self.tokenizer, arrival_time, parent, index,
             self.token_decoder)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.request_states)
 
+    def internal_ids_of(self, external_req_ids: list[str]) -> list[str]:
+        """Internal ids (a parent's for n > 1) of the live requests with these client ids."""
+        wanted = set(external_req_ids)
+        return list({(st.parent.request_id if st.parent else rid): None
+                     for rid, st in self.request_states.items() if st.external_req_id in wanted})
+
     def abort_requests(self, request_ids: list[str]) -> list[str]:
-        """Forget these requests (and the children of parent ids); returns the core ids to abort."""
+        """Forget these requests (internal ids; a parent's takes its children); returns the core
+        ids to abort."""
+        request_ids = set(request_ids)
         core_ids = []
         for req_id, state in list(self.request_states.items()):
             if req_id in request_ids or (state.parent and state.parent.request_id in request_ids):
@@ -84,10 +95,12 @@ class OutputProcessor:
                 core_ids.append(req_id)
         return core_ids
 
-    def process_outputs(self, outputs: list[EngineCoreOutput]) -> tuple[list[RequestOutput], list[str]]:
-        """Returns (request outputs to hand to the user, ids the core must abort: stop strings)."""
+    def process_outputs(self, outputs: list[EngineCoreOutput]
+                        ) -> tuple[list[tuple[str, RequestOutput]], list[str]]:
+        """Returns ((internal id, output) pairs to hand to the callers, core ids to abort: stop
+        strings). The internal id is the parent's for n > 1."""
         now = time.time()
-        request_outputs: list[RequestOutput] = []
+        request_outputs: list[tuple[str, RequestOutput]] = []
         to_abort: list[str] = []
         for out in outputs:
             state = self.request_states.get(out.req_id)
@@ -116,7 +129,7 @@ class OutputProcessor:
                 del self.request_states[out.req_id]
             ro = self._make_output(state, finish_reason, stop_reason)
             if ro is not None:
-                request_outputs.append(ro)
+                request_outputs.append((state.parent.request_id if state.parent else state.request_id, ro))
         return request_outputs, to_abort
 
     def _make_output(self, state: RequestState, finish_reason: str | None, stop_reason: Any) -> RequestOutput | None:
@@ -129,13 +142,13 @@ class OutputProcessor:
         parent = state.parent
         prompt_logprobs = state.logprobs.pop_prompt_logprobs() if delta else state.logprobs.prompt_logprobs
         if parent is None:
-            outputs, request_id, all_done = [completion], state.request_id, finished
+            outputs, request_id, all_done = [completion], state.external_req_id, finished
         else:
             parent.latest[state.index] = completion
             if finished:
                 parent.finished.add(state.index)
             all_done = len(parent.finished) == parent.n
-            request_id = parent.request_id
+            request_id = parent.external_req_id
             if kind == RequestOutputKind.FINAL_ONLY:
                 if not all_done:
                     return None

@@ -57,6 +57,10 @@ class LLM:
     def get_tokenizer(self) -> Any:
         return self.llm_engine.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """SamplingParams with the model's generation_config.json defaults (vLLM's name)."""
+        return self.llm_engine.get_default_sampling_params()
+
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
@@ -66,7 +70,7 @@ class LLM:
             prompts = [prompts]
         prompts = list(prompts)
         if sampling_params is None:
-            sampling_params = SamplingParams()
+            sampling_params = self.get_default_sampling_params()
         if isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params] * len(prompts)
         if len(sampling_params) != len(prompts):
@@ -78,10 +82,9 @@ class LLM:
                 params = params.clone()
                 params.output_kind = RequestOutputKind.FINAL_ONLY
                 request_id = str(next(self._request_counter))
-                self.llm_engine.add_request(request_id, prompt, params)
-                ids.append(request_id)
+                ids.append(self.llm_engine.add_request(request_id, prompt, params))
         except Exception:
-            self.llm_engine.abort_request(ids)
+            self.llm_engine.abort_request(ids, internal=True)
             raise
         return self._run_engine(ids, use_tqdm)
 
@@ -105,13 +108,14 @@ class LLM:
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def _run_engine(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        """ids: the engine's internal ids, in input order."""
         engine = self.llm_engine
         done: dict[str, RequestOutput] = {}
         bar = tqdm(total=len(ids), desc="Processed prompts", disable=not use_tqdm, dynamic_ncols=True)
         while engine.has_unfinished_requests():
-            for out in engine.step():
+            for internal_id, out in engine.step_routed():
                 if out.finished:
-                    done[out.request_id] = out
+                    done[internal_id] = out
                     bar.update(1)
         bar.close()
         return [done[i] for i in ids]

@@ -16,6 +16,7 @@ from pydantic import BaseModel
 
 from jaxlm.engine.async_llm_engine import AsyncLLMEngine
 from jaxlm.engine.exceptions import QueueFullError
+from jaxlm.engine.input_processor import InvalidRequestError, ProcessedPrompt, PromptTooLongError
 from jaxlm.outputs import CompletionOutput, Logprob, RequestOutput
 from jaxlm.sampling_params import SamplingParams
 from jaxlm.serve.errors import OpenAIError, error_response, to_openai_error
@@ -94,28 +95,25 @@ class OpenAIServing:
         if not self.engine.is_running:
             raise OpenAIError("the engine is not running", 503)
 
-    def vocab_size(self) -> int:
-        return len(self.tokenizer)
+    @property
+    def input_processor(self) -> Any:
+        """The engine's InputProcessor: the one place prompts and params are checked."""
+        return self.engine.get_input_processor()
 
     def check_token_ids(self, ids: list[int]) -> None:
-        if not ids:
-            raise OpenAIError("the prompt is empty", 400, "prompt")
-        vocab = self.vocab_size()
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise OpenAIError(f"token id {bad[0]} is out of vocabulary (size {vocab})", 400, "prompt")
+        try:
+            self.input_processor.check_prompt_token_ids(ids)
+        except InvalidRequestError as e:
+            raise OpenAIError(str(e), 400, e.param) from e
 
     def resolve_max_tokens(self, prompt_len: int, requested: int | None) -> int:
         """Rejects prompts that fill the context; clamps max_tokens to the room left (as vLLM)."""
-        if prompt_len >= self.max_model_len:
-            raise OpenAIError(
-                f"This model's maximum context length is {self.max_model_len} tokens. However, your "
-                f"request has {prompt_len} input tokens. Please reduce the length of the input.",
-                400,
-                "prompt",
-            )
-        room = self.max_model_len - prompt_len
-        return room if requested is None else min(requested, room)
+        ip = self.input_processor
+        try:
+            ip.check_prompt_len(prompt_len)
+        except PromptTooLongError as e:
+            raise _context_length_error(e) from e
+        return ip.max_tokens_for(prompt_len, requested)
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         try:
@@ -133,13 +131,17 @@ class OpenAIServing:
     async def generate(
         self, prompt_ids: list[int], params: SamplingParams, request_id: str
     ) -> AsyncIterator[RequestOutput]:
-        """engine.generate plus the request-level metrics (TTFT, ITL, e2e, finish reason)."""
+        """engine.generate plus the request-level metrics (TTFT, ITL, e2e, finish reason).
+
+        prompt_ids have passed check_token_ids and resolve_max_tokens (the InputProcessor's
+        prompt checks), so the engine takes them as a ProcessedPrompt without checking again."""
         start = time.monotonic()
         first = last = None
         reasons: list[str] = []
         finished = rejected = False
+        prompt = ProcessedPrompt(None, list(prompt_ids))
         try:
-            async for out in self.engine.generate(prompt_ids, params, request_id):
+            async for out in self.engine.generate(prompt, params, request_id):
                 now = time.monotonic()
                 if any(o.token_ids for o in out.outputs):
                     if first is None:
@@ -151,8 +153,14 @@ class OpenAIServing:
                 reasons.extend(o.finish_reason for o in out.outputs if o.finish_reason)
                 finished = out.finished
                 yield out
-        except (ValueError, QueueFullError):
+        except PromptTooLongError as e:
             rejected = True  # never ran: not a finished request
+            raise _context_length_error(e) from e
+        except InvalidRequestError as e:
+            rejected = True
+            raise OpenAIError(str(e), 400, e.param) from e
+        except (ValueError, QueueFullError):
+            rejected = True
             raise
         finally:
             if not rejected:
@@ -170,6 +178,15 @@ class OpenAIServing:
     def top_entries(self, position: dict[int, Logprob], limit: int | None) -> list[tuple[int, Logprob]]:
         items = sorted(position.items(), key=lambda kv: (kv[1].rank is None, kv[1].rank or 0, -kv[1].logprob))
         return items if limit is None else items[:limit]
+
+
+def _context_length_error(e: PromptTooLongError) -> OpenAIError:
+    return OpenAIError(
+        f"This model's maximum context length is {e.max_model_len} tokens. However, your "
+        f"request has {e.prompt_len} input tokens. Please reduce the length of the input.",
+        400,
+        "prompt",
+    )
 
 
 async def merge_async_iterators(*iterators: AsyncIterator[T]) -> AsyncIterator[tuple[int, T]]:

@@ -54,16 +54,19 @@ def test_stop_token_ids_set_stop_reason():
     assert fin.finish_reason == FinishReason.STOP and fin.stop_reason == 42
 
 
-def test_all_stop_token_ids_from_the_input_processor():
+def test_all_stop_token_ids_only_mask_and_never_end_a_request():
+    # vLLM's meaning: all_stop_token_ids are held back under min_tokens; only the resolved
+    # stop_token_ids (and eos) end a request. (With ignore_eos the InputProcessor leaves a
+    # generation-config eos out of stop_token_ids but keeps it in all_stop_token_ids.)
     def token_fn(rid, pos):
         return 43 if pos - len(PROMPT) == 3 else 7
 
     sched = make_scheduler(100)
-    req = make_request("r", PROMPT, eos_token_id=EOS, max_tokens=10)
+    req = make_request("r", PROMPT, eos_token_id=EOS, max_tokens=6)
     req.sampling_params.all_stop_token_ids = {43}
     sched.add_request(req)
     res = run_engine(sched, FakeRunner(4, token_fn=token_fn))
-    assert res.outputs["r"] == [7, 7, 7, 43] and res.finish["r"].stop_reason == 43
+    assert res.outputs["r"] == [7, 7, 7, 43, 7, 7] and res.finish["r"].finish_reason == FinishReason.LENGTH
 
 
 def test_min_tokens_holds_back_eos_and_stop_ids():

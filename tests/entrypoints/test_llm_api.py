@@ -144,17 +144,38 @@ def test_n_siblings_share_prompt_blocks(llm):
     assert _usage(llm) == 0.0
 
 
-def test_duplicate_request_id_is_refused_and_prompt_tokens_counted_at_prefill(llm):
+def test_duplicate_client_ids_are_both_served_and_prompt_tokens_counted_at_prefill(llm):
     engine = llm.llm_engine
     before = engine.get_stats()["prompt_tokens_total"]
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
-    engine.add_request("dup", [5, 6, 7, 8], params)
-    with pytest.raises(ValueError, match="'dup' is already running"):
-        engine.add_request("dup", [5, 6], params)
+    first = engine.add_request("dup", [5, 6, 7, 8], params)
+    second = engine.add_request("dup", [5, 6], params)
+    assert first != second and first.startswith("dup-") and second.startswith("dup-")
     assert engine.get_stats()["prompt_tokens_total"] == before  # nothing prefilled yet
+    done = {}
     while engine.has_unfinished_requests():
-        engine.step()
-    assert engine.get_stats()["prompt_tokens_total"] == before + 4
-    engine.add_request("dup", [5, 6], params)  # the id is free again once finished
-    while engine.has_unfinished_requests():
-        engine.step()
+        for internal_id, out in engine.step_routed():
+            assert out.request_id == "dup"  # the client sees its own id
+            if out.finished:
+                done[internal_id] = out
+    assert set(done) == {first, second}
+    assert [len(done[i].prompt_token_ids) for i in (first, second)] == [4, 2]
+    assert engine.get_stats()["prompt_tokens_total"] == before + 6
+
+
+def test_hostile_fields_are_refused_or_neutralised_and_the_engine_goes_on(llm):
+    engine = llm.llm_engine
+    greedy = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    with pytest.raises(ValueError, match="request_id is not valid UTF-8"):
+        engine.add_request("id-\ud800", [5, 6], greedy)
+    with pytest.raises(ValueError, match="prompt is not valid UTF-8"):
+        llm.generate(["fine", "bad \ud800"], greedy, use_tqdm=False)
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    params.temperature = float("inf")  # set after construction: admission checks again
+    with pytest.raises(ValueError, match="temperature must be a finite number"):
+        llm.generate(["hi"], params, use_tqdm=False)
+    assert not engine.has_unfinished_requests() and _usage(llm) == 0.0
+    # top_k past int64 clamps to the vocabulary instead of overflowing the sampler's arrays.
+    [out] = llm.generate(["hi"], SamplingParams(temperature=1.0, top_k=2**64, seed=3, max_tokens=4,
+                                                ignore_eos=True), use_tqdm=False)
+    assert len(out.outputs[0].token_ids) == 4

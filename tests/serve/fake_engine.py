@@ -8,6 +8,7 @@ real-engine tests (test_real_engine.py) are the ones that prove the server on a 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import random
 import time
@@ -17,6 +18,7 @@ from transformers import AutoTokenizer
 
 from jaxlm.engine.arg_utils import EngineArgs
 from jaxlm.engine.exceptions import QueueFullError
+from jaxlm.engine.input_processor import InputProcessor, make_internal_request_id
 from jaxlm.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from jaxlm.sampling_params import RequestOutputKind, SamplingParams
 
@@ -43,6 +45,7 @@ class _Child:
 @dataclasses.dataclass
 class _Req:
     request_id: str
+    internal_id: str
     prompt: str | None
     prompt_ids: list[int]
     params: SamplingParams
@@ -70,15 +73,27 @@ class FakeLLMEngine:
         self.counters = dict(prompt_tokens_total=0, generation_tokens_total=0, prefix_cache_queries=0,
                              prefix_cache_hits=0, num_preemptions_total=0)
         self.fail_on_step: BaseException | None = None  # tests kill the loop with this
+        self._serial = itertools.count()
+        # The real admission path, minus the sampler's own check (there is no sampler).
+        self.input_processor = InputProcessor(
+            self.tokenizer, max_model_len, len(self.tokenizer), self.tokenizer.eos_token_id, set(),
+            check_params=lambda params: None)
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                    arrival_time: float | None = None) -> None:
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        limit = self.engine_config.scheduler_config.max_model_len
-        if len(ids) >= limit:
-            raise ValueError(f"prompt has {len(ids)} tokens; max_model_len is {limit}")
-        if any(r.request_id == request_id for r in self.running + self.waiting):
-            raise ValueError(f"duplicate request id {request_id}")
+    def get_input_processor(self) -> InputProcessor:
+        return self.input_processor
+
+    def get_diff_sampling_param(self) -> dict[str, Any]:
+        return {}
+
+    def add_request(self, request_id: str, prompt: Any, params: SamplingParams,
+                    arrival_time: float | None = None, *, internal_request_id: str | None = None) -> str:
+        self.input_processor.check_request_id(request_id)
+        internal_id = internal_request_id or make_internal_request_id(request_id, next(self._serial))
+        processed = self.input_processor.process_prompt(prompt)
+        prompt, ids = processed.prompt, processed.prompt_token_ids
+        params = self.input_processor.process_params(params, len(ids))
+        if any(r.internal_id == internal_id for r in self.running + self.waiting):
+            raise ValueError(f"duplicate request id {internal_id}")
         max_queued = self.engine_config.scheduler_config.max_num_queued_reqs
         if max_queued is not None and len(self.waiting) >= max_queued:
             raise QueueFullError(f"The waiting queue is full ({max_queued} requests)")
@@ -91,14 +106,16 @@ class FakeLLMEngine:
                 rng = random.Random(seed)
                 offset = rng.randrange(len(self.cycle))
             children.append(_Child(i, rng, offset))
-        req = _Req(request_id, prompt if isinstance(prompt, str) else None, ids, params, children,
+        req = _Req(request_id, internal_id, prompt, ids, params, children,
                    RequestMetrics(arrival_time=arrival_time or time.time()))
         self.waiting.append(req)
+        return internal_id
 
-    def abort_request(self, request_ids: list[str]) -> None:
+    def abort_request(self, request_ids: list[str], internal: bool = False) -> None:
         ids = set(request_ids)
-        self.running = [r for r in self.running if r.request_id not in ids]
-        self.waiting = [r for r in self.waiting if r.request_id not in ids]
+        key = (lambda r: r.internal_id) if internal else (lambda r: r.request_id)
+        self.running = [r for r in self.running if key(r) not in ids]
+        self.waiting = [r for r in self.waiting if key(r) not in ids]
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.running or self.waiting)
@@ -113,6 +130,9 @@ class FakeLLMEngine:
                     kv_cache_usage_perc=used / NUM_BLOCKS, **self.counters)
 
     def step(self) -> list[RequestOutput]:
+        return [out for _, out in self.step_routed()]
+
+    def step_routed(self) -> list[tuple[str, RequestOutput]]:
         if self.fail_on_step is not None:
             raise self.fail_on_step
         time.sleep(self.step_delay)
@@ -125,9 +145,9 @@ class FakeLLMEngine:
             for child in req.children:
                 if child.finish_reason is None:
                     self._sample(req, child)
-            outputs.append(self._output(req))
+            outputs.append((req.internal_id, self._output(req)))
         self.running = [r for r in self.running if not r.finished]
-        return [o for o in outputs if o is not None]
+        return [(i, o) for i, o in outputs if o is not None]
 
     def _sample(self, req: _Req, child: _Child) -> None:
         p = req.params

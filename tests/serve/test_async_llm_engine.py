@@ -43,16 +43,20 @@ def test_bad_request_fails_alone(engine):
     assert engine.is_running
 
 
-def test_cancel_aborts_and_duplicate_ids(engine):
+def test_cancel_aborts_and_duplicate_ids_are_both_served(engine):
     async def main():
         task = asyncio.ensure_future(_collect(engine, [1, 2], _params(max_tokens=10_000), "long"))
         await asyncio.sleep(0.05)
-        with pytest.raises(ValueError, match="already in use"):
-            await _collect(engine, [1], _params(), "long")
+        # A second live request with the same client id runs on its own (internal ids differ).
+        second = await _collect(engine, [7], _params(), "long")
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+        return second
 
-    asyncio.run(main())
+    second = asyncio.run(main())
+    cycle = engine.engine.cycle
+    assert [t for o in second for t in o.outputs[0].token_ids] == cycle[7:12]
+    assert all(o.request_id == "long" for o in second)
     assert wait_for(lambda: not engine.engine.has_unfinished_requests(), 5)
     assert engine.get_num_unfinished_requests() == 0
 

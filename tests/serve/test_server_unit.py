@@ -209,3 +209,22 @@ def test_streaming_error_after_start_is_reported_in_stream(fake_server_factory):
     assert events[-1] == "[DONE]"
     assert json.loads(events[-2])["error"]["code"] == 503
     time.sleep(0.05)
+
+
+def test_hostile_fields_get_400_naming_them_and_the_engine_goes_on(fake_server_factory):
+    server = fake_server_factory()
+    model = _model(server)
+    bodies = {
+        "request_id": '{"model": "%s", "prompt": "hi", "max_tokens": 2, "request_id": "x\\ud800"}' % model,
+        "temperature": '{"model": "%s", "prompt": "hi", "max_tokens": 2, "temperature": Infinity}' % model,
+        "repetition_penalty": '{"model": "%s", "prompt": "hi", "max_tokens": 2, "repetition_penalty": NaN}' % model,
+        "stop": '{"model": "%s", "prompt": "hi", "max_tokens": 2, "stop": ["\\udfff"]}' % model,
+    }
+    with server.http() as http:
+        for field, body in bodies.items():
+            r = http.post("/v1/completions", content=body, headers={"content-type": "application/json"})
+            assert r.status_code == 400, (field, r.text)
+            assert field in r.json()["error"]["message"], (field, r.text)
+        assert http.get("/health").status_code == 200
+    out = server.client().completions.create(model=model, prompt="hi", max_tokens=3, temperature=0)
+    assert out.usage.completion_tokens == 3
