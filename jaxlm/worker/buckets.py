@@ -44,3 +44,10 @@ def default_token_buckets(budget: int) -> list[int]:
     +16% output tok/s on a mixed workload; the compile cache makes the extra programs a
     one-time cost."""
     return powers_of_two_up_to(budget)
+
+
+def decode_buckets(token_buckets: list[int], max_num_seqs: int) -> list[int]:
+    """The token buckets a decode-only step (one token per request) can land in: those up to
+    the first one that holds max_num_seqs tokens."""
+    limit = pick_bucket(min(max_num_seqs, token_buckets[-1]), token_buckets)
+    return [t for t in token_buckets if t <= limit]
