@@ -16,12 +16,14 @@ and a shape outside the buckets can never trigger a silent compile:
   * sample[S, variant]: logits of the first S rows of that buffer + the sampler, for each of
     the 5 SERVING_VARIANTS (the builder picks the cheapest covering one once per step).
 Program count: 2 x |token buckets| + |decode buckets| + 5 x |seq buckets| (a sum, never a
-product of bucket lists).
+product of bucket lists). A step sends its body inputs as one packed int32 buffer (positions
+once, inside the attention metadata) and its sampling metadata as a second transfer.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 import weakref
 from typing import Any, Callable
@@ -48,6 +50,11 @@ logger = logging.getLogger(__name__)
 
 # Static kinds of the body program (see the module docstring).
 MIXED, DECODE, PROMPT_LOGPROBS = "mixed", "decode", "prompt_logprobs"
+# The body's per-step int32 inputs travel as one flat buffer, in this order: one host->device
+# transfer instead of one per array (measured on CPU: ~100 us vs ~500 us for 9 arrays).
+_MD_FIELDS = ("positions", "slot_mapping", "token_to_req", "block_tables", "seq_lens",
+              "context_lens", "query_start_loc")
+_STEP_FIELDS = ("input_ids", *_MD_FIELDS, "logits_indices")
 
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
@@ -64,6 +71,15 @@ def _register_compile_listener(runner: "ModelRunner") -> None:
             logger.warning("XLA compiled a program while serving (%.2f s): a shape escaped the buckets", duration)
 
     jax.monitoring.register_event_duration_secs_listener(on_event)
+
+
+def _unpack(flat: jax.Array, shapes: dict[str, tuple[int, ...]]) -> dict[str, jax.Array]:
+    out, offset = {}, 0
+    for name, shape in shapes.items():
+        n = math.prod(shape)
+        out[name] = flat[offset:offset + n].reshape(shape)
+        offset += n
+    return out
 
 
 def kernel_constraints(model: nnx.Module, block_size: int, head_dim: int) -> Any:
@@ -147,26 +163,33 @@ class ModelRunner:
         """The token buckets each body kind is compiled for."""
         return {MIXED: self.token_buckets, DECODE: self.decode_buckets, PROMPT_LOGPROBS: self.token_buckets}
 
-    def _body_fn(self, kind: str) -> Callable:
+    def _step_shapes(self, T: int, kind: str) -> dict[str, tuple[int, ...]]:
+        """Shapes of the body's packed inputs for token bucket T (see _STEP_FIELDS)."""
+        R = self._rows_for(T)
+        dims = dict(input_ids=(T,), positions=(T,), slot_mapping=(T,), token_to_req=(T,),
+                    block_tables=(R, self.input_batch.max_pages), seq_lens=(R,), context_lens=(R,),
+                    query_start_loc=(R + 1,), logits_indices=(self.sample_capacity,))
+        shapes = {name: dims[name] for name in _STEP_FIELDS}
+        if kind == PROMPT_LOGPROBS:
+            shapes["next_token_ids"] = (T,)
+        return shapes
+
+    def _body_fn(self, T: int, kind: str) -> Callable:
         graphdef, k = self.graphdef, self.sampling.max_logprobs
+        shapes = self._step_shapes(T, kind)
 
-        def run(params, kv_caches, input_ids, md):
+        def body(params, kv_caches, packed):
+            x = _unpack(packed, shapes)
+            # max_query_len is static: a kernel backend traces its decode kernel for DECODE.
+            md = AttentionMetadata(**{f: x[f] for f in _MD_FIELDS}, max_query_len=1 if kind == DECODE else None)
             model = nnx.merge(graphdef, params)
-            # Positions travel once, inside the metadata.
-            hidden, kv_caches = model(input_ids, md.positions, kv_caches, md)
-            return model, hidden, kv_caches
+            hidden, kv_caches = model(x["input_ids"], md.positions, kv_caches, md)
+            if kind != PROMPT_LOGPROBS:
+                return hidden[x["logits_indices"]], kv_caches
+            prompt_lps = compute_prompt_logprobs(model.compute_logits(hidden), x["next_token_ids"], k)
+            return hidden[x["logits_indices"]], prompt_lps, kv_caches
 
-        def body(params, kv_caches, input_ids, md, logits_indices):
-            _, hidden, kv_caches = run(params, kv_caches, input_ids, md)
-            return hidden[logits_indices], kv_caches
-
-        def body_with_prompt_logprobs(params, kv_caches, input_ids, md, logits_indices, next_token_ids):
-            model, hidden, kv_caches = run(params, kv_caches, input_ids, md)
-            prompt_lps = compute_prompt_logprobs(model.compute_logits(hidden), next_token_ids, k)
-            return hidden[logits_indices], prompt_lps, kv_caches
-
-        # DECODE is `body` traced with a static max_query_len = 1 in its metadata.
-        return body_with_prompt_logprobs if kind == PROMPT_LOGPROBS else body
+        return body
 
     def _sample_fn(self, num_rows: int) -> Callable:
         graphdef = self.graphdef
@@ -178,17 +201,9 @@ class ModelRunner:
 
         return logits_and_sample
 
-    def _abstract_step_inputs(self, T: int, kind: str) -> tuple:
-        R = self._rows_for(T)
-        i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
-        md = AttentionMetadata(
-            positions=i32(T), slot_mapping=i32(T), token_to_req=i32(T),
-            block_tables=i32(R, self.input_batch.max_pages), seq_lens=i32(R),
-            context_lens=i32(R), query_start_loc=i32(R + 1),
-            max_query_len=1 if kind == DECODE else None,
-        )
-        args = (i32(T), md, i32(self.sample_capacity))
-        return args + (i32(T),) if kind == PROMPT_LOGPROBS else args
+    def _abstract_packed(self, T: int, kind: str) -> jax.ShapeDtypeStruct:
+        size = sum(math.prod(shape) for shape in self._step_shapes(T, kind).values())
+        return jax.ShapeDtypeStruct((size,), jnp.int32)
 
     def warm_up(self) -> None:
         """Compile every program the buckets can ask for, ahead of serving."""
@@ -196,16 +211,15 @@ class ModelRunner:
         spec = lambda tree: jax.tree.map(  # noqa: E731
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
         kv_spec, params_spec = spec(self.kv_caches), spec(self.params)
-        jitted = {kind: jax.jit(self._body_fn(kind), donate_argnums=(1,)) for kind in self.body_buckets()}
-        hidden_sel, _ = jax.eval_shape(
-            jitted[MIXED], params_spec, kv_spec, *self._abstract_step_inputs(self.token_buckets[0], MIXED))
+        body_jit = lambda T, kind: jax.jit(self._body_fn(T, kind), donate_argnums=(1,))  # noqa: E731
+        T0 = self.token_buckets[0]
+        hidden_sel, _ = jax.eval_shape(body_jit(T0, MIXED), params_spec, kv_spec, self._abstract_packed(T0, MIXED))
         jobs = [("body", (T, kind)) for kind, buckets in self.body_buckets().items() for T in buckets]
         jobs += [("sample", (S, v)) for S in self.seq_buckets for v in self.sampling.variants()]
         for what, key in tqdm(jobs, desc="Compiling buckets", unit="program"):
             if what == "body":
-                T, kind = key
-                args = self._abstract_step_inputs(T, kind)
-                self._body[key] = jitted[kind].lower(params_spec, kv_spec, *args).compile()
+                lowered = body_jit(*key).lower(params_spec, kv_spec, self._abstract_packed(*key))
+                self._body[key] = lowered.compile()
             else:
                 S, variant = key
                 md_spec = self.sampling.dummy_metadata(S, variant)
@@ -305,14 +319,9 @@ class ModelRunner:
         all_ids[where], all_lps[where], all_ranks[where] = ids, lps, ranks
         return LogprobsLists(token_ids=all_ids, logprobs=all_lps, ranks=all_ranks)
 
-    def _device_inputs(self, x: StepInputs, kind: str) -> tuple:
-        """The body's step arguments, in one transfer (positions only inside the metadata)."""
-        md = AttentionMetadata(
-            positions=x.positions, slot_mapping=x.slot_mapping, token_to_req=x.token_to_req,
-            block_tables=x.block_tables, seq_lens=x.seq_lens, context_lens=x.context_lens,
-            query_start_loc=x.query_start_loc, max_query_len=1 if kind == DECODE else None,
-        )
-        args = (x.input_ids, md, x.logits_indices)
+    def _device_inputs(self, x: StepInputs, kind: str) -> tuple[jax.Array]:
+        """The body's step arguments: its int32 inputs packed in one buffer, one transfer."""
+        arrays = [getattr(x, name) for name in _STEP_FIELDS]
         if kind == PROMPT_LOGPROBS:
-            args += (self.input_batch.next_token_ids(x),)
-        return jax.device_put(args)
+            arrays.append(self.input_batch.next_token_ids(x))
+        return (jax.device_put(np.concatenate([a.ravel() for a in arrays])),)
