@@ -56,7 +56,8 @@ class PallasConstraints:
     * ``page_multiple``: size the block table's page dimension P as a multiple of this
       (``round_pages``) and no call pads the table; any other P still works (padded per call).
     * ``token_multiple``: the kernels take any token count; 1 unless a future kernel needs
-      more, so ``round_tokens`` is the hook the runner should call on token buckets anyway.
+      more. The runner passes its token buckets through ``round_tokens`` and sizes its block
+      table with ``round_pages`` (``ModelRunner.kernel_constraints``).
     """
 
     block_size: int
