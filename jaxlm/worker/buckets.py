@@ -51,3 +51,14 @@ def decode_buckets(token_buckets: list[int], max_num_seqs: int) -> list[int]:
     the first one that holds max_num_seqs tokens."""
     limit = pick_bucket(min(max_num_seqs, token_buckets[-1]), token_buckets)
     return [t for t in token_buckets if t <= limit]
+
+
+def prompt_logprobs_buckets(token_buckets: list[int]) -> list[int]:
+    """Every other token bucket, counting down from the largest (which is always kept).
+
+    A prompt-logprobs body compiles the whole model again; steps that need one are rare
+    (scoring, echo), so they pad to at most ~4x instead of ~2x. Measured on the tiny Llama at
+    the default 10 token buckets, compile cache off: warm-up 20 s before this flavour existed,
+    33 s with one prompt-logprobs body per token bucket.
+    """
+    return token_buckets[::-1][::2][::-1]

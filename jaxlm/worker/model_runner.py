@@ -13,10 +13,12 @@ and a shape outside the buckets can never trigger a silent compile:
         step, so it gets no decode programs;
       - "prompt_logprobs": also the logprobs of every position, run only when a request in
         the step still owes prompt logprobs; the only program that sees every hidden state.
+        Compiled for every other token bucket (prompt_logprobs_buckets): it is a second
+        compile of the model, for rare steps.
   * sample[S, variant]: logits of the first S rows of that buffer + the sampler, for each of
     the 5 SERVING_VARIANTS (the builder picks the cheapest covering one once per step).
-Program count: 2 x |token buckets| + |decode buckets| + 5 x |seq buckets| (a sum, never a
-product of bucket lists). A step sends its body inputs as one packed int32 buffer (positions
+Program count: |token buckets| + |decode buckets| + |prompt-logprobs buckets|
++ 5 x |seq buckets| (a sum, never a product of bucket lists). A step sends its body inputs as one packed int32 buffer (positions
 once, inside the attention metadata) and its sampling metadata as a second transfer.
 """
 
@@ -42,7 +44,8 @@ from jaxlm.sample.builder import SamplingInputBuilder
 from jaxlm.sample.metadata import SERVING_VARIANTS, SamplerVariant
 from jaxlm.sample.sampler import compute_prompt_logprobs, sample
 from jaxlm.worker.buckets import (
-    decode_buckets, default_seq_buckets, default_token_buckets, pick_bucket, validate_buckets)
+    decode_buckets, default_seq_buckets, default_token_buckets, pick_bucket, prompt_logprobs_buckets,
+    validate_buckets)
 from jaxlm.worker.input_batch import InputBatch, StepInputs
 from jaxlm.worker.prompt_logprobs import PromptLogprobsTracker
 
@@ -110,6 +113,7 @@ class ModelRunner:
             [c.round_tokens(t) for t in tokens] if c else tokens, budget, "token")
         # No kernels, no decode flavour: an XLA step is the same program whatever its kind.
         self.decode_buckets = decode_buckets(self.token_buckets, sched.max_num_seqs) if c else []
+        self.prompt_logprobs_buckets = prompt_logprobs_buckets(self.token_buckets)
         self.seq_buckets = validate_buckets(
             comp.seq_buckets or default_seq_buckets(sched.max_num_seqs), sched.max_num_seqs, "sequence")
         # The hidden-state buffer the body hands to the sampler: the largest sequence bucket.
@@ -161,7 +165,8 @@ class ModelRunner:
 
     def body_buckets(self) -> dict[str, list[int]]:
         """The token buckets each body kind is compiled for."""
-        return {MIXED: self.token_buckets, DECODE: self.decode_buckets, PROMPT_LOGPROBS: self.token_buckets}
+        return {MIXED: self.token_buckets, DECODE: self.decode_buckets,
+                PROMPT_LOGPROBS: self.prompt_logprobs_buckets}
 
     def _step_shapes(self, T: int, kind: str) -> dict[str, tuple[int, ...]]:
         """Shapes of the body's packed inputs for token bucket T (see _STEP_FIELDS)."""
@@ -250,8 +255,8 @@ class ModelRunner:
             if new.sampling_params.prompt_logprobs is not None:
                 self.prompt_logprobs.add_request(new.req_id, len(new.prompt_token_ids))
 
-    def _body_kind(self, so: SchedulerOutput, owing: list[int]) -> str:
-        if owing:
+    def _body_kind(self, so: SchedulerOutput) -> str:
+        if self.prompt_logprobs.owes_any(so.num_scheduled_tokens):
             return PROMPT_LOGPROBS
         if self.decode_buckets and so.total_num_scheduled_tokens == len(so.num_scheduled_tokens):
             return DECODE  # one token per request
@@ -262,15 +267,14 @@ class ModelRunner:
         if so.total_num_scheduled_tokens == 0:
             return ModelRunnerOutput.empty()
 
-        T = pick_bucket(so.total_num_scheduled_tokens, self.token_buckets)
+        kind = self._body_kind(so)
+        T = pick_bucket(so.total_num_scheduled_tokens, self.body_buckets()[kind])
         inputs = self.input_batch.prepare_inputs(so, T, self._rows_for(T), self.sample_capacity)
         self.num_real_tokens += inputs.num_tokens
         self.num_padded_tokens += T
-        owing = self.prompt_logprobs.wanted(inputs.req_ids)
-        kind = self._body_kind(so, owing)
         outs = self._body[(T, kind)](self.params, self.kv_caches, *self._device_inputs(inputs, kind))
         hidden, self.kv_caches = outs[0], outs[-1]
-        prompt_logprobs = self._prompt_logprobs(inputs, owing, outs[1]) if kind == PROMPT_LOGPROBS else {}
+        prompt_logprobs = self._prompt_logprobs(inputs, outs[1]) if kind == PROMPT_LOGPROBS else {}
 
         sampled, logprobs = self._sample_tokens(inputs, hidden)
         return ModelRunnerOutput(
@@ -297,11 +301,11 @@ class ModelRunner:
         logprobs = self._logprobs_rows(inputs, out, n) if out.logprob_token_ids is not None else None
         return sampled, logprobs
 
-    def _prompt_logprobs(self, inputs: StepInputs, owing: list[int], rows: Any) -> dict[str, LogprobsLists]:
+    def _prompt_logprobs(self, inputs: StepInputs, rows: Any) -> dict[str, LogprobsLists]:
         """Logprobs of the prompt positions computed this step that were not delivered yet."""
         ids, lps, ranks = jax.device_get(rows)
         out = {}
-        for i in owing:
+        for i in self.prompt_logprobs.wanted(inputs.req_ids):
             req_id = inputs.req_ids[i]
             start, stop = int(inputs.query_start_loc[i]), int(inputs.query_start_loc[i + 1])
             step_rows = LogprobsLists(ids[start:stop], lps[start:stop], ranks[start:stop])

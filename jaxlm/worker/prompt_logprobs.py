@@ -38,6 +38,9 @@ class PromptLogprobsTracker:
     def finish_request(self, req_id: str) -> None:
         self._reqs.pop(req_id, None)
 
+    def owes_any(self, req_ids) -> bool:
+        return any(r in self._reqs and not self._reqs[r].done for r in req_ids)
+
     def wanted(self, req_ids: list[str]) -> list[int]:
         """Indices into req_ids of the requests that still owe prompt logprobs."""
         return [i for i, r in enumerate(req_ids) if r in self._reqs and not self._reqs[r].done]

@@ -4,7 +4,7 @@
 from jaxlm.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
 from jaxlm.sampling_params import SamplingParams
 from jaxlm.worker.buckets import (decode_buckets, default_seq_buckets, default_token_buckets, pick_bucket,
-                                  powers_of_two_up_to, validate_buckets)
+                                  powers_of_two_up_to, prompt_logprobs_buckets, validate_buckets)
 from jaxlm.worker.input_batch import InputBatch
 
 
@@ -32,6 +32,11 @@ def test_decode_buckets_reach_max_num_seqs():
     assert decode_buckets(tokens, 48) == [1, 2, 4, 8, 16, 32, 64]
     assert decode_buckets([16, 64], 4) == [16]
     assert decode_buckets([8, 16], 256) == [8, 16]  # budget below max_num_seqs
+
+
+def test_prompt_logprobs_buckets_keep_the_largest():
+    assert prompt_logprobs_buckets(default_token_buckets(512)) == [2, 8, 32, 128, 512]
+    assert prompt_logprobs_buckets([16, 64]) == [64] and prompt_logprobs_buckets([16]) == [16]
 
 
 def test_block_table_width_is_rounded_to_the_page_multiple():

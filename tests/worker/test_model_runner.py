@@ -29,10 +29,11 @@ def _mixed_workload(llm):
 
 def test_program_count_is_a_sum(llm):
     runner = llm.llm_engine.get_model_runner()
-    # 2 x len(token_buckets) (body, prompt-logprobs body) + decode bodies (none: the xla
-    # backend has no decode kernel) + 5 x len(seq_buckets) (sampler variants).
-    assert runner.decode_buckets == []
-    assert runner.num_programs == 2 * 2 + 0 + 2 * 5
+    # len(token_buckets) bodies + decode bodies (none: the xla backend has no decode kernel)
+    # + prompt-logprobs bodies (every other token bucket from the top: [64])
+    # + 5 x len(seq_buckets) sampler variants.
+    assert runner.decode_buckets == [] and runner.prompt_logprobs_buckets == [64]
+    assert runner.num_programs == 2 + 0 + 1 + 2 * 5
 
 
 def test_no_compile_after_warmup(llm):
