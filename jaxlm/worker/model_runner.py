@@ -18,8 +18,10 @@ and a shape outside the buckets can never trigger a silent compile:
   * sample[S, variant]: logits of the first S rows of that buffer + the sampler, for each of
     the 5 SERVING_VARIANTS (the builder picks the cheapest covering one once per step).
 Program count: |token buckets| + |decode buckets| + |prompt-logprobs buckets|
-+ 5 x |seq buckets| (a sum, never a product of bucket lists). A step sends its body inputs as one packed int32 buffer (positions
-once, inside the attention metadata) and its sampling metadata as a second transfer.
++ 5 x |seq buckets| (a sum, never a product of bucket lists).
+
+A step sends its body inputs as one packed int32 buffer (positions once, inside the attention
+metadata) and its sampling metadata as a second transfer.
 """
 
 from __future__ import annotations
