@@ -58,7 +58,9 @@ def prompt_logprobs_buckets(token_buckets: list[int]) -> list[int]:
 
     A prompt-logprobs body compiles the whole model again; steps that need one are rare
     (scoring, echo), so they pad to at most ~4x instead of ~2x. Measured on the tiny Llama at
-    the default 10 token buckets, compile cache off: warm-up 20 s before this flavour existed,
-    33 s with one prompt-logprobs body per token bucket.
+    the default 10 token buckets, compile cache off, 2 shared CPU cores: warm-up 20-22 s wall
+    with a separate logits-only prompt-logprobs program, 33 s with a prompt-logprobs body per
+    token bucket; with every other bucket, LLM() start-up costs 27.5-28.3 CPU-s against
+    24.4 before (35 programs against 40).
     """
     return token_buckets[::-1][::2][::-1]
