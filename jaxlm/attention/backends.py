@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 import jax
 
@@ -29,6 +29,11 @@ class AttentionBackend(Protocol):
         """Write k/v of this step into kv_cache, attend; returns (out [T, Hq, D], kv_cache)."""
         ...
 
+    def constraints(self, block_size: int, head_dim: int) -> Any:
+        """Kernel shape rules for this cache geometry (``PallasConstraints``), or None when
+        the backend has no kernels: then the runner compiles no decode-only programs."""
+        ...
+
 
 @dataclasses.dataclass(frozen=True)
 class FunctionBackend:
@@ -39,6 +44,9 @@ class FunctionBackend:
 
     def __call__(self, q, k, v, kv_cache, md, **kw):
         return self.fn(q, k, v, kv_cache, md, **kw)
+
+    def constraints(self, block_size: int, head_dim: int) -> None:
+        return None  # one function for every step: no kernel rules, no decode flavour
 
 
 # name -> "module:attribute" of a zero-argument factory returning an AttentionBackend.

@@ -4,7 +4,9 @@ The runner flattens all scheduled tokens of a step into one ragged batch of T to
 (padded up to a token bucket) belonging to R request rows (padded up to a row bucket).
 Padding tokens have ``slot_mapping == -1`` (their K/V are never written); padding rows
 have ``query_start_loc[r] == query_start_loc[r + 1]`` and ``seq_lens == context_lens == 0``.
-Every array is device-resident and int32.
+Every array is device-resident and int32. ``max_query_len`` is not an array but a static
+field (part of the pytree structure, so each value is its own compiled program): the runner
+sets it to 1 for decode-only steps, which lets a backend pick a decode kernel at trace time.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ class AttentionMetadata:
     # [R + 1] cumulative query lengths (cu_q_lens): tokens of row r are
     # query_start_loc[r]:query_start_loc[r + 1] in the flat batch.
     query_start_loc: jax.Array
+    # Static: most query tokens any row has this step when known (1 = decode only), else None.
+    max_query_len: int | None = dataclasses.field(default=None, metadata=dict(static=True))
 
     @property
     def num_tokens(self) -> int:

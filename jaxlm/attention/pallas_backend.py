@@ -9,8 +9,10 @@ in place), then (2) attention reading every key, old and new, in place from the 
   * everything else (prefill, chunked prefill, prefix hits, mixed): ``ragged_paged_attention``
     over tiles of ``block_q`` tokens of one row (also split-K when the bucket is small).
 
-Which one is a *static* choice: pass ``max_query_len=1`` (or give the metadata a static
-``max_query_len`` attribute) for decode-only buckets. Without the hint the ragged kernel runs:
+Which one is a *static* choice: the runner compiles a decode flavour of its body program per
+decode-sized token bucket with ``AttentionMetadata.max_query_len == 1`` (a static pytree field)
+and runs it for decode-only steps; ``max_query_len=1`` as an argument does the same for direct
+callers (tests, benches). Without the hint the ragged kernel runs:
 correct for every batch, decode included, and split-K for small buckets too, so the hint
 mostly saves the ragged tiles' padded rows (decode tiles are 16 rows, ragged ones ~64).
 
@@ -54,7 +56,8 @@ class PallasConstraints:
     * ``page_multiple``: size the block table's page dimension P as a multiple of this
       (``round_pages``) and no call pads the table; any other P still works (padded per call).
     * ``token_multiple``: the kernels take any token count; 1 unless a future kernel needs
-      more, so ``round_tokens`` is the hook the runner should call on token buckets anyway.
+      more. The runner passes its token buckets through ``round_tokens`` and sizes its block
+      table with ``round_pages`` (``ModelRunner.kernel_constraints``).
     """
 
     block_size: int
@@ -145,7 +148,7 @@ class PallasBackend:
                                        logits_soft_cap=logits_soft_cap)
         kv_cache = write_kv(kv_cache, k, v, md.slot_mapping)
         if max_query_len is None:
-            max_query_len = getattr(md, "max_query_len", None)
+            max_query_len = md.max_query_len
         scale = float(scale)
         if max_query_len == 1:
             # Decode: each real token sees its row's keys [0, position]; padding sees none.

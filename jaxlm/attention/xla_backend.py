@@ -68,15 +68,20 @@ def paged_attention_xla(
 ) -> tuple[jax.Array, jax.Array]:
     """q [T, Hq, D], k/v [T, Hkv, D] (this step's tokens) -> (out [T, Hq, D], new kv_cache)."""
     T, Hq, D = q.shape
-    _, _, bs, Hkv, _ = kv_cache.shape
-    G = Hq // Hkv
+    Hkv = kv_cache.shape[3]
     kv_cache = write_kv(kv_cache, k, v, md.slot_mapping)
+    qf = q.astype(jnp.float32).reshape(T, Hkv, Hq // Hkv, D)
+    carry = _attend_in_step(qf, k, v, md, scale, sliding_window, logits_soft_cap)
+    m, l, acc = _attend_cached(qf, kv_cache, md, carry, scale, sliding_window, logits_soft_cap)
+    out = acc / l[..., None]
+    return out.reshape(T, Hq, D).astype(q.dtype), kv_cache
 
-    qf = q.astype(jnp.float32).reshape(T, Hkv, G, D)
-    pos = md.positions
-    req = md.token_to_req
 
-    # In-step part: keys are the step's own tokens.
+def _attend_in_step(qf, k, v, md: AttentionMetadata, scale, sliding_window, logits_soft_cap):
+    """The step's tokens attend to each other (same row, causal) from the new K/V; returns
+    the online-softmax state (m, l [T, Hkv, G], acc [T, Hkv, G, D])."""
+    T, Hkv, G, D = qf.shape
+    pos, req = md.positions, md.token_to_req
     s = _scores(jnp.einsum("thgd,shd->thgs", qf, k.astype(jnp.float32)), scale, logits_soft_cap)
     eye = jnp.eye(T, dtype=bool)
     key_valid = (md.slot_mapping >= 0)[None, :] | eye
@@ -87,13 +92,21 @@ def paged_attention_xla(
     m = jnp.full((T, Hkv, G), _NEG_INF, jnp.float32)
     l = jnp.zeros((T, Hkv, G), jnp.float32)
     acc = jnp.zeros((T, Hkv, G, D), jnp.float32)
-    m, l, acc = _merge(m, l, acc, s, mask, v.astype(jnp.float32), "thgs,shd->thgd")
+    return _merge(m, l, acc, s, mask, v.astype(jnp.float32), "thgs,shd->thgd")
 
-    # Cached part: only the leading tokens whose row has context (the runner puts those rows
-    # first, so a fresh prefill beside decodes reads no pages), Bt tokens at a time, each block
-    # reading its rows' pages chunk by chunk.
-    ctx = md.context_lens[req]  # [T]
-    bt = md.block_tables[req]  # [T, P]
+
+def _attend_cached(qf, kv_cache, md: AttentionMetadata, carry, scale, sliding_window, logits_soft_cap):
+    """Each token attends to its row's ``context_lens`` cached tokens, merged into `carry`.
+
+    Only the leading tokens whose row has context run (the runner puts those rows first, so a
+    fresh prefill beside decodes reads no pages), Bt tokens at a time, each block reading its
+    rows' pages chunk by chunk.
+    """
+    T, Hkv, _, D = qf.shape
+    bs = kv_cache.shape[2]
+    pos = md.positions
+    ctx = md.context_lens[md.token_to_req]  # [T]
+    bt = md.block_tables[md.token_to_req]  # [T, P]
     pages_per_chunk = max(1, min(bt.shape[1], _CHUNK_TOKENS // bs))
     pad = (-bt.shape[1]) % pages_per_chunk
     if pad:
@@ -127,6 +140,4 @@ def paged_attention_xla(
         put = lambda x, y: lax.dynamic_update_slice_in_dim(x, y, start, axis=0)  # noqa: E731
         return put(m, m_b), put(l, l_b), put(acc, acc_b)
 
-    m, l, acc = lax.fori_loop(0, (n_ctx_tokens + Bt - 1) // Bt, token_block, (m, l, acc))
-    out = acc / l[..., None]
-    return out.reshape(T, Hq, D).astype(q.dtype), kv_cache
+    return lax.fori_loop(0, (n_ctx_tokens + Bt - 1) // Bt, token_block, carry)

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from jaxlm.sample.metadata import ALL_VARIANTS, HostArrays, SamplerVariant, SamplingMetadata
+from jaxlm.sample.metadata import ALL_VARIANTS, HostArrays, SamplerVariant, SamplingMetadata, covering_variant
 from jaxlm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -26,9 +26,19 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIN_UNIFORM = np.float32(1.0 / (1 << 24))  # smallest value row_uniforms returns
 
 
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
 def _stable_hash64(text: str) -> int:
     # Python's hash() is salted per process; the stream of an unseeded request must not be.
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+    # surrogatepass: a lone surrogate ("\ud800" is legal JSON) hashes instead of raising.
+    data = text.encode("utf-8", "surrogatepass")
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+def _f32(x: float) -> float:
+    """x clamped into float32's finite range (a huge int would overflow numpy's conversion)."""
+    return min(max(x, -_F32_MAX), _F32_MAX)
 
 
 def _mix64(x: np.ndarray) -> np.ndarray:
@@ -52,9 +62,16 @@ def row_uniforms(streams: np.ndarray, steps: np.ndarray) -> np.ndarray:
 class _ReqState:
     params: SamplingParams
     stream: int  # 64-bit random stream id: from the seed, or engine seed + request id
+    # The row's values, already clamped into their array types (neutral for greedy rows).
+    greedy: bool = True
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 1.0
     num_output: int = 0
     processors: bool = False
-    # penalties: distinct prompt+output tokens and their output counts
+    # penalties (presence, frequency, repetition); distinct prompt+output tokens, output counts
+    penalties: tuple[float, float, float] = (0.0, 0.0, 1.0)
     has_penalties: bool = False
     pen_ids: np.ndarray | None = None
     pen_counts: np.ndarray | None = None
@@ -76,11 +93,14 @@ class SamplingInputBuilder:
     vocab_size: the logits' last dimension. max_model_len bounds the distinct tokens of a
     sequence (penalty row width). max_bias_tokens / max_allowed_tokens are the fixed widths of
     the sparse logit_bias(+bans) and allowed_token_ids rows; larger requests are rejected.
+    max_logprobs: the engine's cap (ModelConfig.max_logprobs, ``--max-logprobs``).
+    variants: the sampler programs that exist; variant_of() picks the cheapest covering one.
     """
 
     def __init__(self, vocab_size: int, max_model_len: int, *, engine_seed: int = 0,
                  max_logprobs: int = 20, max_bias_tokens: int = 1024,
-                 max_allowed_tokens: int = 1024, num_candidates: int = 256) -> None:
+                 max_allowed_tokens: int = 1024, num_candidates: int = 256,
+                 variants: Sequence[SamplerVariant] = ALL_VARIANTS) -> None:
         self.vocab_size = vocab_size
         self.penalty_width = max(1, min(max_model_len, vocab_size))
         self.engine_seed = engine_seed
@@ -88,6 +108,7 @@ class SamplingInputBuilder:
         self.max_bias_tokens = max_bias_tokens
         self.max_allowed_tokens = max_allowed_tokens
         self.num_candidates = num_candidates
+        self._variants = tuple(variants)
         self._reqs: dict[str, _ReqState] = {}
 
     # ------------------------------------------------------------ validation
@@ -132,37 +153,62 @@ class SamplingInputBuilder:
 
     def add_request(self, req_id: str, params: SamplingParams, prompt_token_ids: Sequence[int],
                     output_token_ids: Sequence[int] = ()) -> None:
-        """Register a request (again after preemption: pass the outputs so far)."""
-        self.check_params(params)
+        """Register a request (again after preemption: pass the outputs so far).
+
+        Never raises for a request's values: this runs inside the engine's step, so anything
+        admission let through (it calls check_params) is clamped into the arrays' ranges here
+        rather than allowed to kill the loop for every request.
+        """
+        try:
+            self.check_params(params)
+        except ValueError as e:
+            logger.warning("request %r reached the sampler unchecked (%s); clamping its values", req_id, e)
+        st = self._new_state(req_id, params)
+        if st.has_penalties:
+            for t in prompt_token_ids:
+                self._pen_add(st, int(t), 0)
+        self._reqs[req_id] = st
+        for t in output_token_ids:
+            self.append_output(req_id, t)
+
+    def _new_state(self, req_id: str, params: SamplingParams) -> _ReqState:
+        v = self.vocab_size
+        in_vocab = lambda ids: [int(t) for t in ids if 0 <= t < v]  # noqa: E731
         if params.seed is not None:
-            stream = int(_mix64(np.array([params.seed & _M64], np.uint64))[0])
+            stream = int(_mix64(np.array([int(params.seed) & _M64], np.uint64))[0])
         else:
             # Engine seed mixed with the request id: distinct per request, and a preempted,
             # re-added request continues the same stream.
             stream = _stable_hash64(f"engine:{self.engine_seed & _M64}:{req_id}")
-        st = _ReqState(params=params, stream=stream)
-        st.has_penalties = (params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
-                            or params.repetition_penalty != 1.0)
+        st = _ReqState(params=params, stream=stream, greedy=params.greedy)
+        if not st.greedy:
+            # top_k >= vocab keeps everything: the same as off (0), and always fits int32.
+            k = int(params.top_k)
+            st.top_k = 0 if k <= 0 or k >= v else k
+            st.temperature, st.top_p, st.min_p = (
+                _f32(params.temperature), _f32(params.top_p), _f32(params.min_p))
+        st.penalties = (_f32(params.presence_penalty), _f32(params.frequency_penalty),
+                        _f32(params.repetition_penalty))
+        st.has_penalties = st.penalties != (0.0, 0.0, 1.0)
         if st.has_penalties:
-            st.pen_ids = np.full(self.penalty_width, self.vocab_size, np.int32)
+            st.pen_ids = np.full(self.penalty_width, v, np.int32)
             st.pen_counts = np.zeros(self.penalty_width, np.int32)
-            for t in prompt_token_ids:
-                self._pen_add(st, int(t), 0)
         if params.logit_bias:
-            st.bias_ids = np.fromiter(params.logit_bias.keys(), np.int32)
-            st.bias_vals = np.fromiter(params.logit_bias.values(), np.float32)
+            bias = {int(t): _f32(b) for t, b in params.logit_bias.items() if 0 <= t < v}
+            st.bias_ids = np.fromiter(bias.keys(), np.int32, len(bias))
+            st.bias_vals = np.fromiter(bias.values(), np.float32, len(bias))
         if params.min_tokens:
-            st.stop_ids = np.array(sorted(params.all_stop_token_ids), np.int32)
-        if params.bad_words_token_ids:
-            st.bad_words = [(tuple(w[:-1]), int(w[-1])) for w in params.bad_words_token_ids]
-            st.tail_len = max(len(w) for w in params.bad_words_token_ids) - 1
+            st.stop_ids = np.array(sorted(in_vocab(params.all_stop_token_ids)), np.int32)
+        words = [w for w in params.bad_words_token_ids or () if w and 0 <= w[-1] < v]
+        if words:
+            st.bad_words = [(tuple(w[:-1]), int(w[-1])) for w in words]
+            st.tail_len = max(len(w) for w in words) - 1
         if params.allowed_token_ids is not None:
-            st.allowed = np.array(sorted(set(params.allowed_token_ids)), np.int32)
+            st.allowed = np.array(sorted(set(in_vocab(params.allowed_token_ids))), np.int32)
+            st.allowed = st.allowed[: self.max_allowed_tokens]
         st.processors = (st.has_penalties or st.bias_ids.size > 0 or st.stop_ids.size > 0
                          or bool(st.bad_words) or st.allowed is not None)
-        self._reqs[req_id] = st
-        for t in output_token_ids:
-            self.append_output(req_id, t)
+        return st
 
     def remove_request(self, req_id: str) -> None:
         self._reqs.pop(req_id, None)
@@ -190,8 +236,9 @@ class SamplingInputBuilder:
     def _pen_add(self, st: _ReqState, token: int, count: int) -> None:
         slot = st.pen_slot.get(token)
         if slot is None:
-            if st.num_pen >= self.penalty_width:
-                raise ValueError("more distinct tokens than max_model_len; builder misconfigured")
+            # In-vocab tokens of one sequence never outnumber the row (min(max_model_len, V)).
+            if not 0 <= token < self.vocab_size or st.num_pen >= self.penalty_width:
+                return
             slot = st.num_pen
             st.pen_slot[token] = slot
             st.pen_ids[slot] = token
@@ -200,61 +247,62 @@ class SamplingInputBuilder:
 
     # ------------------------------------------------------------ per step
 
-    @staticmethod
-    def variants() -> tuple[SamplerVariant, ...]:
+    def variants(self) -> tuple[SamplerVariant, ...]:
         """Every variant build() can return: warm each up per row bucket (see dummy_metadata)."""
-        return ALL_VARIANTS
+        return self._variants
 
     def variant_of(self, req_ids: Sequence[str]) -> SamplerVariant:
+        """The cheapest of `variants()` that covers what these requests need: compute it once
+        per step and pass it to build()."""
         states = [self._reqs[r] for r in req_ids]
-        sampling = [s for s in states if not s.params.greedy]
-        return SamplerVariant(
+        sampling = [s for s in states if not s.greedy]
+        need = SamplerVariant(
             random=bool(sampling),
-            filters=any(s.params.top_k > 0 or s.params.top_p < 1.0 for s in sampling),
+            filters=any(s.top_k > 0 or s.top_p < 1.0 for s in sampling),
             processors=any(s.processors for s in states),
             logprobs=any(s.params.logprobs is not None for s in states))
+        return covering_variant(need, self._variants)
 
     def build(self, req_ids: Sequence[str], num_rows: int,
-              min_variant: SamplerVariant | None = None) -> SamplingMetadata:
-        """Metadata for `req_ids` (rows in that order) padded to `num_rows` neutral rows."""
-        return self.build_host(req_ids, num_rows, min_variant).to_device()
+              variant: SamplerVariant | None = None) -> SamplingMetadata:
+        """Metadata for `req_ids` (rows in that order) padded to `num_rows` neutral rows.
+
+        `variant` must cover the rows (variant_of's answer or a larger one); None computes it.
+        """
+        return self.build_host(req_ids, num_rows, variant).to_device()
 
     def dummy_metadata(self, num_rows: int, variant: SamplerVariant) -> SamplingMetadata:
         """All-padding metadata of a given variant, for warm-up compiles."""
         return self.build([], num_rows, variant)
 
     def build_host(self, req_ids: Sequence[str], num_rows: int,
-                   min_variant: SamplerVariant | None = None) -> HostArrays:
+                   variant: SamplerVariant | None = None) -> HostArrays:
         n = len(req_ids)
         if n > num_rows:
             raise ValueError(f"{n} requests do not fit in {num_rows} rows")
+        if variant is None:
+            variant = self.variant_of(req_ids)
         states = [self._reqs[r] for r in req_ids]
-        need = self.variant_of(req_ids)
-        if min_variant is not None:
-            need = SamplerVariant(*(a or b for a, b in zip(need, min_variant)))
-            need = need._replace(random=need.random or need.filters)
         r, v = num_rows, self.vocab_size
+        # Greedy and padding rows: temperature 1, no filters, min_p = 1 (only the max survives)
+        # with the smallest uniform (the first max: jnp.argmax's tie rule). In a random batch
+        # they go through the draw too: a separate argmax pass in the same program costs
+        # XLA:CPU ~4x at 64 x 49152.
         f: dict[str, np.ndarray] = {
-            "temperature": np.ones(r, np.float32), "greedy": np.ones(r, np.bool_),
-            "top_k": np.zeros(r, np.int32), "top_p": np.ones(r, np.float32),
-            "min_p": np.ones(r, np.float32), "uniform": np.full(r, _MIN_UNIFORM, np.float32)}
+            "temperature": np.ones(r, np.float32), "top_k": np.zeros(r, np.int32),
+            "top_p": np.ones(r, np.float32), "min_p": np.ones(r, np.float32),
+            "uniform": np.full(r, _MIN_UNIFORM, np.float32)}
         if n:
-            greedy = np.array([s.params.greedy for s in states], np.bool_)
-            f["greedy"][:n] = greedy
-            f["temperature"][:n] = np.where(greedy, 1.0, [s.params.temperature for s in states])
-            # Greedy rows skip the filters entirely (vLLM resets them for temperature 0 too).
-            f["top_k"][:n] = np.where(greedy, 0, [s.params.top_k for s in states])
-            f["top_p"][:n] = np.where(greedy, 1.0, [s.params.top_p for s in states])
-            # In a random batch greedy rows go through the draw too, as min_p = 1 (only the max
-            # survives) with the smallest uniform (the first max: jnp.argmax's tie rule). One
-            # separate argmax pass in the same program costs XLA:CPU ~4x at 64 x 49152.
-            f["min_p"][:n] = np.where(greedy, 1.0, [s.params.min_p for s in states])
+            f["temperature"][:n] = [s.temperature for s in states]
+            f["top_k"][:n] = [s.top_k for s in states]
+            f["top_p"][:n] = [s.top_p for s in states]
+            f["min_p"][:n] = [s.min_p for s in states]
             u = row_uniforms(np.array([s.stream for s in states], np.uint64),
                              np.array([s.num_output for s in states], np.uint64))
-            f["uniform"][:n] = np.where(greedy, _MIN_UNIFORM, u)
-        if need.processors:
+            f["uniform"][:n] = np.where([s.greedy for s in states], _MIN_UNIFORM, u)
+        if variant.processors:
             self._fill_processors(f, states, r, v)
-        return HostArrays(f, need, self.max_logprobs, self.num_candidates)
+        return HostArrays(f, variant, self.max_logprobs, self.num_candidates)
 
     def _fill_processors(self, f: dict[str, np.ndarray], states: list[_ReqState], r: int, v: int) -> None:
         f["presence_penalty"] = np.zeros(r, np.float32)
@@ -269,18 +317,17 @@ class SamplingInputBuilder:
         for i, st in enumerate(states):
             if not st.processors:
                 continue
-            p = st.params
             if st.has_penalties:
-                f["presence_penalty"][i] = p.presence_penalty
-                f["frequency_penalty"][i] = p.frequency_penalty
-                f["repetition_penalty"][i] = p.repetition_penalty
+                f["presence_penalty"][i], f["frequency_penalty"][i], f["repetition_penalty"][i] = st.penalties
                 k = st.num_pen
                 f["pen_ids"][i, :k] = st.pen_ids[:k]
                 f["pen_counts"][i, :k] = st.pen_counts[:k]
-            nb = st.bias_ids.size
-            f["bias_ids"][i, :nb] = st.bias_ids
-            f["bias_vals"][i, :nb] = st.bias_vals
-            bans = self._banned(st)
+            # Admission caps the entries at the row width; cut here rather than fail the step.
+            kb = self.max_bias_tokens
+            nb = min(st.bias_ids.size, kb)
+            f["bias_ids"][i, :nb] = st.bias_ids[:nb]
+            f["bias_vals"][i, :nb] = st.bias_vals[:nb]
+            bans = self._banned(st)[: kb - nb]
             if bans:
                 f["bias_ids"][i, nb:nb + len(bans)] = bans
                 f["bias_vals"][i, nb:nb + len(bans)] = -np.inf

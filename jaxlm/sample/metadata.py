@@ -2,7 +2,8 @@
 
 The metadata is a registered pytree: its arrays are the traced leaves, and `variant` plus the
 static sizes are aux data, so `jax.jit(step)(..., md)` compiles one program per
-(row bucket, variant) and never per request. `SamplingInputBuilder` (builder.py) fills it.
+(row bucket, variant) and never per request. `SamplingInputBuilder` (jaxlm.sample.builder)
+fills it.
 """
 
 from __future__ import annotations
@@ -38,12 +39,31 @@ ALL_VARIANTS: tuple[SamplerVariant, ...] = tuple(
     SamplerVariant(*flags) for flags in itertools.product((False, True), repeat=4)
     if flags[0] or not flags[1])
 
+# What the serving engine compiles per row bucket: a batch runs the cheapest one that covers
+# what it needs (the extra parts are neutral for rows that don't use them), so the count stays
+# 5 per bucket instead of every combination of the flags.
+SERVING_VARIANTS: tuple[SamplerVariant, ...] = (
+    SamplerVariant(),
+    SamplerVariant(logprobs=True),
+    SamplerVariant(random=True),
+    SamplerVariant(random=True, filters=True),
+    SamplerVariant(True, True, True, True),
+)
+
+
+def covering_variant(need: SamplerVariant, variants: tuple[SamplerVariant, ...]) -> SamplerVariant:
+    """The variant of `variants` with the fewest parts among those having every part of `need`."""
+    fits = [v for v in variants if all(has or not wants for wants, has in zip(need, v))]
+    if not fits:
+        raise ValueError(f"no compiled sampler variant covers {need}")
+    return min(fits, key=sum)
+
 
 @dataclasses.dataclass(frozen=True)
 class SamplingMetadata:
     # ---- always present, [R]
+    # Greedy rows are encoded by min_p = 1 and the smallest uniform (see the builder).
     temperature: jax.Array  # float32; 1.0 on greedy and padding rows (never divides by 0)
-    greedy: jax.Array  # bool (informational: greedy rows are encoded by min_p/uniform)
     top_k: jax.Array  # int32; 0 = off
     top_p: jax.Array  # float32; 1.0 = off
     min_p: jax.Array  # float32; 0.0 = off; 1.0 on greedy and padding rows
@@ -107,11 +127,3 @@ class HostArrays:
         return SamplingMetadata(**arrays, variant=self.variant, max_logprobs=self.max_logprobs,
                                 num_candidates=self.num_candidates)
 
-
-def __getattr__(name: str):
-    # The builder lives in builder.py (it imports this module); re-export it lazily here.
-    if name == "SamplingInputBuilder":
-        from jaxlm.sample.builder import SamplingInputBuilder
-
-        return SamplingInputBuilder
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

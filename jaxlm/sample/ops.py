@@ -201,9 +201,8 @@ def gather_logprobs(logits: jax.Array, token_ids: jax.Array, k: int):
 
 
 def greedy_with_logprobs(logits: jax.Array, k: int):
-    """Greedy tokens + their raw logprobs from one top-k (rank is 1 by construction)."""
-    from jaxlm.sample.metadata import SamplerOutput
-
+    """Greedy tokens + their raw logprobs from one top-k (rank is 1 by construction):
+    (token ids [R], ids [R, 1+k], logprobs [R, 1+k], ranks [R])."""
     logits = logits.astype(jnp.float32)
     m = jnp.max(logits, axis=-1, keepdims=True)
     lse = _materialize(m + jnp.log(jnp.sum(jnp.exp(logits - m), axis=-1, keepdims=True)))
@@ -213,4 +212,4 @@ def greedy_with_logprobs(logits: jax.Array, k: int):
     lps = jnp.concatenate([top_logit[:, :1], top_logit], axis=1) - lse
     # vLLM's rank counts ties (>=); a tie at the max is measure-zero for real logits.
     ranks = jnp.sum(logits >= top_logit[:, :1], axis=-1).astype(jnp.int32)
-    return SamplerOutput(tok, ids, lps, ranks)
+    return tok, ids, lps, ranks

@@ -15,8 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import jaxlm.sample.ops as ops
 from jaxlm.core.outputs import LogprobsLists
-from jaxlm.sample import ops
 from jaxlm.sample.metadata import SamplerOutput, SamplerVariant, SamplingMetadata
 
 
@@ -58,7 +58,7 @@ def sample(logits: jax.Array, md: SamplingMetadata,
     elif variant.logprobs and not variant.processors and md.max_logprobs > 0:
         # Unprocessed greedy: the argmax is the first of the raw top-k (ties at the max go to
         # the lower index, like argmax), so skip a pass over the logits.
-        return ops.greedy_with_logprobs(raw_logits, md.max_logprobs)
+        return SamplerOutput(*ops.greedy_with_logprobs(raw_logits, md.max_logprobs))
     else:
         token_ids = ops.fast_argmax(logits)
     if not variant.logprobs:

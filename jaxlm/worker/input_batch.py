@@ -33,11 +33,14 @@ class StepInputs:
 
 
 class InputBatch:
-    def __init__(self, max_num_reqs: int, max_model_len: int, block_size: int):
+    def __init__(self, max_num_reqs: int, max_model_len: int, block_size: int, page_multiple: int = 1):
         self.max_num_reqs = max_num_reqs
         self.max_model_len = max_model_len
         self.block_size = block_size
-        self.max_pages = -(-max_model_len // block_size)
+        # Block-table width; attention kernels read whole compute blocks of pages, so it is
+        # rounded to their multiple (PallasConstraints.page_multiple) instead of padded per call.
+        pages = -(-max_model_len // block_size)
+        self.max_pages = -(-pages // page_multiple) * page_multiple
         self.token_ids = np.zeros((max_num_reqs, max_model_len), np.int32)
         self.num_tokens = np.zeros(max_num_reqs, np.int32)
         self.num_prompt_tokens = np.zeros(max_num_reqs, np.int32)
@@ -145,3 +148,11 @@ class InputBatch:
             sample_req_ids=[req_ids[i] for i in sample_idx],
             logits_indices=logits_indices,
         )
+
+    def next_token_ids(self, inputs: StepInputs) -> np.ndarray:
+        """[T_pad] the token after each scheduled position (what it predicts); 0 on padding."""
+        n = inputs.num_tokens
+        rows = np.array([self.req_id_to_row[r] for r in inputs.req_ids])[inputs.token_to_req[:n]]
+        out = np.zeros(len(inputs.input_ids), np.int32)
+        out[:n] = self.token_ids[rows, np.minimum(inputs.positions[:n] + 1, self.max_model_len - 1)]
+        return out

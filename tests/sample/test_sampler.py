@@ -204,8 +204,8 @@ def test_greedy_with_processors_and_bans_are_never_sampled():
 
 def test_rejects_what_it_cannot_honour():
     b = SamplingInputBuilder(V, 64, max_logprobs=5, max_allowed_tokens=4)
-    with pytest.raises(ValueError, match="max_logprobs"):
-        b.add_request("a", SamplingParams(logprobs=6), [1])
+    with pytest.raises(ValueError, match="--max-logprobs"):
+        b.check_params(SamplingParams(logprobs=6))
     with pytest.raises(ValueError, match="max_logprobs"):
         b.check_params(SamplingParams(prompt_logprobs=9))
     with pytest.raises(ValueError, match="out-of-vocab"):

@@ -3,8 +3,8 @@
 
 from jaxlm.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
 from jaxlm.sampling_params import SamplingParams
-from jaxlm.worker.buckets import (default_seq_buckets, default_token_buckets, pick_bucket, powers_of_two_up_to,
-                                  validate_buckets)
+from jaxlm.worker.buckets import (decode_buckets, default_seq_buckets, default_token_buckets, pick_bucket,
+                                  powers_of_two_up_to, prompt_logprobs_buckets, validate_buckets)
 from jaxlm.worker.input_batch import InputBatch
 
 
@@ -24,6 +24,25 @@ def test_buckets():
         except ValueError:
             continue
         raise AssertionError(f"{bad} accepted")
+
+
+def test_decode_buckets_reach_max_num_seqs():
+    tokens = default_token_buckets(512)
+    assert decode_buckets(tokens, 64) == [1, 2, 4, 8, 16, 32, 64]
+    assert decode_buckets(tokens, 48) == [1, 2, 4, 8, 16, 32, 64]
+    assert decode_buckets([16, 64], 4) == [16]
+    assert decode_buckets([8, 16], 256) == [8, 16]  # budget below max_num_seqs
+
+
+def test_prompt_logprobs_buckets_keep_the_largest():
+    assert prompt_logprobs_buckets(default_token_buckets(512)) == [2, 8, 32, 128, 512]
+    assert prompt_logprobs_buckets([16, 64]) == [64] and prompt_logprobs_buckets([16]) == [16]
+
+
+def test_block_table_width_is_rounded_to_the_page_multiple():
+    assert InputBatch(2, 100, 16).max_pages == 7
+    assert InputBatch(2, 100, 16, page_multiple=4).max_pages == 8
+    assert InputBatch(2, 128, 16, page_multiple=8).max_pages == 8
 
 
 def test_prepare_mixed_step():

@@ -29,8 +29,11 @@ def _mixed_workload(llm):
 
 def test_program_count_is_a_sum(llm):
     runner = llm.llm_engine.get_model_runner()
-    # len(token_buckets) x (body, prompt logprobs) + len(seq_buckets) x sampler variants.
-    assert runner.num_programs == 2 * 2 + 2 * 5
+    # len(token_buckets) bodies + decode bodies (none: the xla backend has no decode kernel)
+    # + prompt-logprobs bodies (every other token bucket from the top: [64])
+    # + 5 x len(seq_buckets) sampler variants.
+    assert runner.decode_buckets == [] and runner.prompt_logprobs_buckets == [64]
+    assert runner.num_programs == 2 + 0 + 1 + 2 * 5
 
 
 def test_no_compile_after_warmup(llm):
@@ -46,9 +49,9 @@ def test_guard_counts_a_compile_inside_a_step(llm, monkeypatch):
     original = runner._device_inputs
     fresh = jax.jit(lambda x: x * 3 + 1)
 
-    def compiling_device_inputs(x):
+    def compiling_device_inputs(*args):
         fresh(jnp.arange(7))  # a program nobody compiled ahead
-        return original(x)
+        return original(*args)
 
     monkeypatch.setattr(runner, "_device_inputs", compiling_device_inputs)
     llm.generate(["one more"], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
