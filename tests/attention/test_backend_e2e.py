@@ -6,7 +6,7 @@ import numpy as np
 
 import jaxlm.attention.pallas_backend as pallas_backend
 from jaxlm import LLM, SamplingParams
-from tests.helpers.tiny_tokenizer import make_tiny_engine_model
+from tests.helpers.tiny_models import make_tiny_engine_model
 
 
 def _spy(name, kernel, calls):

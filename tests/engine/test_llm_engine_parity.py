@@ -6,7 +6,7 @@ import torch
 import transformers
 
 from jaxlm import LLM, SamplingParams
-from tests.helpers.tiny_tokenizer import make_tiny_engine_model
+from tests.helpers.tiny_models import make_tiny_engine_model
 
 MAX_TOKENS = 24
 

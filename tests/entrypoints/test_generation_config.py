@@ -13,7 +13,7 @@ import transformers
 from jaxlm import LLM, SamplingParams
 from jaxlm.config import ModelConfig
 from jaxlm.engine.generation_config import get_diff_sampling_param, try_get_generation_config
-from tests.helpers.tiny_tokenizer import make_tiny_engine_model
+from tests.helpers.tiny_models import make_tiny_engine_model
 
 EOS = 2
 PROMPT = [5, 17, 42, 9, 100]

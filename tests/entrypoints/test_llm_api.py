@@ -4,7 +4,7 @@ import pytest
 
 from jaxlm import LLM, SamplingParams
 from jaxlm.sampling_params import RequestOutputKind
-from tests.helpers.tiny_tokenizer import make_tiny_engine_model
+from tests.helpers.tiny_models import make_tiny_engine_model
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,8 @@
 
 Each ``make_tiny_*`` builds a config (overridable with keyword arguments), creates the model
 with a fixed torch seed, saves it with ``save_pretrained(path, safe_serialization=True)``
-and returns ``path``. A byte-level tokenizer is not written; tests feed token ids.
+and returns ``path``, with a one-token-per-byte tokenizer beside it when the vocabulary holds
+one (tests/helpers/tiny_tokenizer.py writes every tokenizer the tests use).
 
     path = make_tiny_llama(tmp_path / "llama", num_key_value_heads=1)
 """
@@ -15,10 +16,12 @@ from typing import Any
 import torch
 import transformers
 
+from tests.helpers.tiny_tokenizer import (
+    BOS_ID, BYTE_VOCAB, EOS_ID, PAD_ID, TINY_VOCAB, add_tiny_tokenizer, write_byte_tokenizer,
+)
+
 # Shared tiny shape: hidden 64, 2 layers, vocab 320 (the byte tokenizer uses 259 ids).
 VOCAB_SIZE = 320
-PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
-BYTE_OFFSET = 3  # byte b is token id b + 3
 
 _TINY_COMMON: dict[str, Any] = dict(
     vocab_size=VOCAB_SIZE,
@@ -42,9 +45,9 @@ def _build(
     config: transformers.PretrainedConfig, path: str | os.PathLike, seed: int, with_tokenizer: bool | None
 ) -> str:
     path = str(path)
-    fits = config.vocab_size >= BYTE_OFFSET + 256
+    fits = config.vocab_size >= BYTE_VOCAB
     if with_tokenizer and not fits:
-        raise ValueError(f"vocab_size {config.vocab_size} too small for the byte tokenizer (needs 259)")
+        raise ValueError(f"vocab_size {config.vocab_size} too small for the byte tokenizer (needs {BYTE_VOCAB})")
     if with_tokenizer is None:
         with_tokenizer = fits  # default: a tokenizer whenever the vocab can hold one
     torch.manual_seed(seed)
@@ -60,7 +63,7 @@ def _build(
                 p.add_(0.02 * torch.randn_like(p))
     model.save_pretrained(path, safe_serialization=True)
     if with_tokenizer:
-        write_tiny_tokenizer(path)
+        write_byte_tokenizer(path)
     return path
 
 
@@ -164,46 +167,15 @@ def make_tiny_gpt2(path: str | os.PathLike, *, seed: int = 0, **overrides: Any) 
     return make_tiny_model("gpt2", path, seed=seed, **overrides)
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    # GPT-2's printable stand-ins for the 256 bytes (what the ByteLevel pre-tokenizer emits).
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
-
-
-# A plain chat template: "<|role|>\ncontent</s>\n" per message, then "<|assistant|>\n".
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}</s>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
-)
-
-
-def write_tiny_tokenizer(path: str | os.PathLike) -> str:
-    """Save a byte-level fast tokenizer (no merges: one token per byte) into ``path``."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    vocab = {"<pad>": PAD_ID, "<s>": BOS_ID, "</s>": EOS_ID}
-    for b, ch in _bytes_to_unicode().items():
-        vocab[ch] = BYTE_OFFSET + b
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    fast = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
-    )
-    fast.chat_template = CHAT_TEMPLATE
-    fast.save_pretrained(str(path))
-    return str(path)
-
-
 def load_hf_model(path: str | os.PathLike) -> torch.nn.Module:
     """The saved tiny model back in transformers (float32, eval, eager attention)."""
     return transformers.AutoModelForCausalLM.from_pretrained(
         str(path), dtype=torch.float32, attn_implementation="eager"
     ).eval()
+
+
+def make_tiny_engine_model(family: str, path: str | os.PathLike, *, seed: int = 0, **overrides: Any) -> str:
+    """A tiny random model of `family` with the trained BPE tokenizer beside it: what LLM(model=path) needs."""
+    overrides.setdefault("vocab_size", TINY_VOCAB)
+    make_tiny_model(family, path, seed=seed, with_tokenizer=False, **overrides)
+    return add_tiny_tokenizer(path)

@@ -1,17 +1,23 @@
-"""A tiny byte-level BPE tokenizer trained in-process (no downloads), saved beside a tiny model."""
+"""Every tokenizer the tests use, built in-process (no downloads) with one chat template.
+
+- ``write_byte_tokenizer``: one token per byte (ids 3..258), no merges; beside tiny models whose
+  tests feed token ids and only need a decodable vocabulary.
+- ``add_tiny_tokenizer``: a byte-level BPE trained on a small corpus (384 ids, multi-byte
+  tokens, so detokenization and stop strings cross token boundaries like a real model's).
+"""
 
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from tests.helpers.tiny_models import make_tiny_model
-
-TINY_VOCAB = 384
+PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 _SPECIALS = ["<pad>", "<s>", "</s>"]  # ids 0, 1, 2: the tiny configs' pad/bos/eos
+BYTE_OFFSET = 3  # byte b is token id b + 3 in the byte tokenizer
+BYTE_VOCAB = BYTE_OFFSET + 256
+TINY_VOCAB = 384
 _CORPUS = [
     "The capital of France is Paris. The capital of Italy is Rome.",
     "Hello, my name is Ada and I like to write programs in Python.",
@@ -20,29 +26,49 @@ _CORPUS = [
     "Continuous batching lets new requests join at every step of the engine.",
     "日本語のテキストと emoji 🙂 も少し含める。",
 ] * 20
-_CHAT_TEMPLATE = (
+CHAT_TEMPLATE = (
     "{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
     "{% if add_generation_prompt %}<s>assistant\n{% endif %}"
 )
 
 
-def add_tiny_tokenizer(path: str | os.PathLike) -> str:
-    tok = Tokenizer(models.BPE())
+def _save(tok: Tokenizer, path: str | os.PathLike) -> str:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=TINY_VOCAB, special_tokens=_SPECIALS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(_CORPUS, trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-        chat_template=_CHAT_TEMPLATE)
+        chat_template=CHAT_TEMPLATE)
     fast.save_pretrained(str(path))
     return str(path)
 
 
-def make_tiny_engine_model(family: str, path: str | os.PathLike, *, seed: int = 0, **overrides: Any) -> str:
-    """A tiny random model of `family` with a real tokenizer beside it: what LLM(model=path) needs."""
-    overrides.setdefault("vocab_size", TINY_VOCAB)
-    make_tiny_model(family, path, seed=seed, **overrides)
-    return add_tiny_tokenizer(path)
+def _bytes_to_unicode() -> dict[int, str]:
+    # GPT-2's printable stand-ins for the 256 bytes (what the ByteLevel pre-tokenizer emits).
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+def write_byte_tokenizer(path: str | os.PathLike) -> str:
+    """Save a byte-level fast tokenizer (no merges: one token per byte) into ``path``."""
+    vocab = {name: i for i, name in enumerate(_SPECIALS)}
+    for b, ch in _bytes_to_unicode().items():
+        vocab[ch] = BYTE_OFFSET + b
+    return _save(Tokenizer(models.BPE(vocab=vocab, merges=[])), path)
+
+
+def add_tiny_tokenizer(path: str | os.PathLike) -> str:
+    """Save a BPE tokenizer of TINY_VOCAB ids trained on a small corpus into ``path``."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=TINY_VOCAB, special_tokens=_SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(_CORPUS, trainer)
+    return _save(tok, path)

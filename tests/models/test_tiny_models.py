@@ -7,6 +7,7 @@ import os
 import transformers
 
 from tests.helpers import tiny_models as tm
+from tests.helpers import tiny_tokenizer as tt
 
 
 def test_tiny_llama_dir_has_weights_config_and_a_round_tripping_tokenizer(tmp_path) -> None:
@@ -17,7 +18,7 @@ def test_tiny_llama_dir_has_weights_config_and_a_round_tripping_tokenizer(tmp_pa
     tok = transformers.AutoTokenizer.from_pretrained(path)
     text = "Hi ünïcode! 123"
     ids = tok(text)["input_ids"]
-    assert ids[:2] == [ord("H") + tm.BYTE_OFFSET, ord("i") + tm.BYTE_OFFSET]
+    assert ids[:2] == [ord("H") + tt.BYTE_OFFSET, ord("i") + tt.BYTE_OFFSET]
     assert max(ids) < cfg.vocab_size
     assert tok.decode(ids) == text
     assert (tok.eos_token_id, tok.bos_token_id, tok.pad_token_id) == (tm.EOS_ID, tm.BOS_ID, tm.PAD_ID)

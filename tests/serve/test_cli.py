@@ -33,7 +33,7 @@ def test_help_lists_server_and_engine_flags():
 
 
 def test_serve_tiny_model_then_sigterm_drains_and_exits_0(tmp_path):
-    from tests.helpers.tiny_tokenizer import make_tiny_engine_model
+    from tests.helpers.tiny_models import make_tiny_engine_model
 
     path = make_tiny_engine_model("llama", tmp_path / "llama")
     port = _free_port()

@@ -31,7 +31,7 @@ def _same_text(tokens: list[str], text: str) -> None:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from tests.helpers.tiny_tokenizer import make_tiny_engine_model
+    from tests.helpers.tiny_models import make_tiny_engine_model
 
     path = make_tiny_engine_model("llama", tmp_path_factory.mktemp("llama"))
     # Few buckets keep the warm-up compile short on CI's 2 cores.

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import pytest
 
 from jaxlm import LLM, SamplingParams
-from tests.helpers.tiny_tokenizer import make_tiny_engine_model
+from tests.helpers.tiny_models import make_tiny_engine_model
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import pytest
 from jaxlm import LLM, SamplingParams
 from jaxlm.core.outputs import LogprobsLists
 from jaxlm.worker.prompt_logprobs import PromptLogprobsTracker
-from tests.helpers.tiny_tokenizer import make_tiny_engine_model
+from tests.helpers.tiny_models import make_tiny_engine_model
 
 
 def _rows(first_pos: int, n: int) -> LogprobsLists:
