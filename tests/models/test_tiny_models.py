@@ -23,7 +23,7 @@ def test_tiny_llama_dir_has_weights_config_and_a_round_tripping_tokenizer(tmp_pa
     assert tok.decode(ids) == text
     assert (tok.eos_token_id, tok.bos_token_id, tok.pad_token_id) == (tm.EOS_ID, tm.BOS_ID, tm.PAD_ID)
     chat = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
-    assert chat == "<|user|>\nhi</s>\n<|assistant|>\n"
+    assert chat == "<s>user\nhi</s>\n<s>assistant\n"
 
 
 def test_same_seed_same_weights(tmp_path) -> None:
