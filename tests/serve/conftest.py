@@ -162,10 +162,25 @@ def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc
     from tests.helpers.tiny_tokenizer import make_tiny_engine_model
 
     path = make_tiny_engine_model("llama", tmp_path_factory.mktemp("served-llama"))
+    _add_bos_post_processor(path)
     server = ServerProcess(path, str(tmp_path_factory.mktemp("log") / "server.log"), [
         "--served-model-name", SERVED_MODEL, "--max-model-len", "256", "--max-num-seqs", "16",
         "--max-num-batched-tokens", str(SERVER_STEP_BUDGET), "--token-buckets", str(SERVER_STEP_BUDGET),
         "--seq-buckets", "16", "--num-gpu-blocks-override", "512", "--seed", "0",
-        "--enable-tokenizer-info-endpoint"])
+        "--enable-tokenizer-info-endpoint",
+        # Default sampling from the "generation config": top_k 1 makes requests that set no
+        # sampling field greedy (the compat tests check it; explicit fields override it).
+        "--override-generation-config", '{"top_k": 1}'])
     yield server
     server.stop()
+
+
+def _add_bos_post_processor(path: str) -> None:
+    """The tokenizer adds <s> when add_special_tokens is on (as Llama's), so the flag shows."""
+    from tokenizers import processors
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast.from_pretrained(path)
+    tok.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", tok.bos_token_id)])
+    tok.save_pretrained(path)
