@@ -50,7 +50,11 @@ def test_local_completions_loglikelihood_equals_hf_backend(real_server, monkeypa
     assert len(context_ids) > 2 * SERVER_STEP_BUDGET
     served = api.loglikelihood(instances, disable_tqdm=True)
 
-    hf = HFLM(pretrained=real_server.model_path, backend="causal", device="cpu", batch_size=4, dtype="float32")
+    # Same token ids on both sides: the remote tokenizer encodes without special tokens, while
+    # `hf` would follow the tokenizer's default (this one adds <s>).
+    hf = HFLM(pretrained=real_server.model_path, backend="causal", device="cpu", batch_size=4, dtype="float32",
+              add_bos_token=False)
+    assert hf.tok_encode(instances[0].arguments[0]) == context_ids
     reference = hf.loglikelihood(instances, disable_tqdm=True)
 
     assert len(served) == len(reference) == len(instances)
