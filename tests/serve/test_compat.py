@@ -225,3 +225,11 @@ def test_openai_client_sends_vllm_extras(real_server):
         client.completions.create(model=SERVED_MODEL, prompt="Hello", max_tokens=3,
                                   extra_body={"guided_choice": ["a"]})
     assert "guided_choice" in str(err.value)
+
+
+def test_tokenizer_info_is_opt_in(fake_server_factory, real_server):
+    assert httpx.get(fake_server_factory().base + "/tokenizer_info").status_code == 404
+    info = httpx.get(real_server.base + "/tokenizer_info").json()
+    assert (info["eos_token"], info["bos_token"], info["pad_token"]) == ("</s>", "<s>", "<pad>")
+    assert info["tokenizer_class"] and "{% for m in messages %}" in info["chat_template"]
+    assert info["model_max_length"] == 256
