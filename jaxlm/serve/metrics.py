@@ -134,6 +134,8 @@ class ServerMetrics:
         # vLLM's older name of the same per-token interval; Grafana dashboards still read it.
         self.tpot = histogram("vllm:time_per_output_token_seconds",
                               "Histogram of time per output token in seconds.", ITL_BUCKETS)
+        self.request_tpot = histogram("vllm:request_time_per_output_token_seconds",
+                                      "Histogram of time_per_output_token_seconds per request.", ITL_BUCKETS)
         self.e2e = histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
                              REQUEST_LATENCY_BUCKETS)
         self.queue_time = histogram("vllm:request_queue_time_seconds",
@@ -191,6 +193,8 @@ class ServerMetrics:
         self.prefill_time.observe(max(0.0, first - stats.scheduled_ts))
         self.decode_time.observe(max(0.0, last - first))
         self.inference_time.observe(max(0.0, last - stats.scheduled_ts))
+        if num_generation_tokens > 1:
+            self.request_tpot.observe(max(0.0, last - first) / (num_generation_tokens - 1))
 
     def observe_request_finished(self, max_num_generation_tokens: int) -> None:
         """Once per request: the most tokens any of its n sequences generated."""

@@ -22,6 +22,7 @@ HISTOGRAMS = ["vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seco
               "vllm:request_max_num_generation_tokens", "vllm:request_params_n", "vllm:request_params_max_tokens",
               "vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds",
               "vllm:request_decode_time_seconds", "vllm:request_inference_time_seconds",
+              "vllm:request_time_per_output_token_seconds",
               "vllm:iteration_tokens_total"]
 
 
