@@ -32,12 +32,19 @@ class CompletionOutput:
 
 
 @dataclasses.dataclass
-class RequestMetrics:
+class RequestStateStats:
+    """One sequence's timestamps (time.time() seconds), vLLM's names: arrival (the server got it,
+    before tokenization), queued (the engine took it), scheduled (first scheduled), first and
+    last token. /metrics derives its queue, prefill, decode and inference times from them."""
+
     arrival_time: float
-    first_scheduled_time: float | None = None
-    first_token_time: float | None = None
-    last_token_time: float | None = None
-    finished_time: float | None = None
+    queued_ts: float | None = None
+    scheduled_ts: float | None = None
+    first_token_ts: float | None = None
+    last_token_ts: float | None = None
+    num_generation_tokens: int = 0
+    # first_token_ts - arrival_time (TTFT), set with first_token_ts.
+    first_token_latency: float | None = None
 
 
 @dataclasses.dataclass
@@ -48,5 +55,5 @@ class RequestOutput:
     prompt_logprobs: PromptLogprobs | None
     outputs: list[CompletionOutput]
     finished: bool
-    metrics: RequestMetrics | None = None
+    metrics: RequestStateStats | None = None
     num_cached_tokens: int = 0

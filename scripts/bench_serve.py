@@ -4,7 +4,8 @@
 Sends --num-prompts streaming requests whose arrivals follow a Poisson process at --request-rate
 (req/s; inf = all at once), each a random token-id prompt of --input-len tokens asking for
 exactly --output-len tokens (ignore_eos), and prints TTFT, TPOT, inter-token latency and E2E
-percentiles plus request and token throughput.
+percentiles plus request and token throughput; --result-json writes `vllm bench serve`'s keys
+(mean_ttft_ms, median_ttft_ms, p99_ttft_ms, mean_itl_ms, output_throughput, ...).
 
     python -m jaxlm.serve &            # SmolLM2 on 127.0.0.1:8000
     python scripts/bench_serve.py --num-prompts 64 --request-rate 4 --input-len 128 --output-len 64
@@ -17,11 +18,11 @@ import asyncio
 import dataclasses
 import json
 import random
-import statistics
 import sys
 import time
 
 import httpx
+import numpy as np
 
 
 @dataclasses.dataclass
@@ -68,18 +69,6 @@ async def one_request(client: httpx.AsyncClient, url: str, body: dict, headers: 
     return res
 
 
-def percentiles(values: list[float], ps: list[float]) -> dict[str, float]:
-    if not values:
-        return {"mean": 0.0, **{f"p{p:g}": 0.0 for p in ps}}
-    ordered = sorted(values)
-    out = {"mean": statistics.fmean(ordered)}
-    for p in ps:  # nearest-rank on the sorted sample, with linear interpolation
-        k = (len(ordered) - 1) * p / 100
-        lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
-        out[f"p{p:g}"] = ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
-    return out
-
-
 async def run(args: argparse.Namespace) -> dict:
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     limits = httpx.Limits(max_connections=max(args.num_prompts, 1))
@@ -112,49 +101,68 @@ async def run(args: argparse.Namespace) -> dict:
     return summarize(args, results, duration, model)
 
 
+def _metric_stats(name: str, seconds: list[float], percentiles: list[float], selected: bool) -> dict:
+    """mean/median/std/pNN of one metric in ms, keyed as `vllm bench serve` writes them."""
+    if not selected:
+        return {}
+    ms = np.asarray(seconds or [0.0], dtype=np.float64) * 1e3
+    out = {f"mean_{name}_ms": float(np.mean(ms)), f"median_{name}_ms": float(np.median(ms)),
+           f"std_{name}_ms": float(np.std(ms))}
+    for p in percentiles:
+        word = str(int(p)) if int(p) == p else str(p)
+        out[f"p{word}_{name}_ms"] = float(np.percentile(ms, p))
+    return out
+
+
 def summarize(args: argparse.Namespace, results: list[Result], duration: float, model: str) -> dict:
     ok = [r for r in results if r.ok]
-    ps = [50, 90, 99]
     out_tokens = sum(r.output_tokens for r in ok)
     in_tokens = sum(r.prompt_tokens for r in ok)
     tpot = [(r.e2e - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]
-    return {
-        "model": model, "request_rate": args.request_rate, "num_prompts": args.num_prompts,
-        "input_len": args.input_len, "output_len": args.output_len,
-        "completed": len(ok), "failed": len(results) - len(ok),
-        "errors": sorted({r.error for r in results if not r.ok})[:5],
-        "duration_s": duration,
+    selected = set(args.percentile_metrics.split(","))
+    percentiles = [float(p) for p in args.metric_percentiles.split(",")]
+    summary = {
+        "date": time.strftime("%Y%m%d-%H%M%S"), "backend": "openai", "model_id": model,
+        "num_prompts": args.num_prompts, "request_rate": args.request_rate,
+        "max_concurrency": args.max_concurrency, "input_len": args.input_len, "output_len": args.output_len,
+        "duration": duration, "completed": len(ok), "failed": len(results) - len(ok),
+        "total_input_tokens": in_tokens, "total_output_tokens": out_tokens,
         "request_throughput": len(ok) / duration,
         "output_throughput": out_tokens / duration,
         "total_token_throughput": (in_tokens + out_tokens) / duration,
-        "ttft_ms": {k: v * 1e3 for k, v in percentiles([r.ttft for r in ok], ps).items()},
-        "tpot_ms": {k: v * 1e3 for k, v in percentiles(tpot, ps).items()},
-        "itl_ms": {k: v * 1e3 for k, v in percentiles([x for r in ok for x in r.itl], ps).items()},
-        "e2e_ms": {k: v * 1e3 for k, v in percentiles([r.e2e for r in ok], ps).items()},
+        "input_lens": [r.prompt_tokens for r in results], "output_lens": [r.output_tokens for r in results],
+        "ttfts": [r.ttft for r in results], "itls": [r.itl for r in results],
+        "errors": [r.error for r in results],
     }
+    for name, values in (("ttft", [r.ttft for r in ok]), ("tpot", tpot),
+                         ("itl", [x for r in ok for x in r.itl]), ("e2el", [r.e2e for r in ok])):
+        summary.update(_metric_stats(name, values, percentiles, name in selected))
+    return summary
 
 
 def print_table(s: dict) -> None:
-    rows = [
-        ("Model", s["model"]),
-        ("Request rate (req/s)", s["request_rate"]),
-        ("Prompts x (input, output) tokens", f'{s["num_prompts"]} x ({s["input_len"]}, {s["output_len"]})'),
-        ("Successful / failed requests", f'{s["completed"]} / {s["failed"]}'),
-        ("Benchmark duration (s)", f'{s["duration_s"]:.2f}'),
-        ("Request throughput (req/s)", f'{s["request_throughput"]:.2f}'),
-        ("Output token throughput (tok/s)", f'{s["output_throughput"]:.2f}'),
-        ("Total token throughput (tok/s)", f'{s["total_token_throughput"]:.2f}'),
-    ]
-    for key, title in (("ttft_ms", "Time to first token (ms)"), ("tpot_ms", "Time per output token (ms)"),
-                       ("itl_ms", "Inter-token latency (ms)"), ("e2e_ms", "E2E latency (ms)")):
-        rows.append((f"{title}: mean / p50 / p90 / p99",
-                     " / ".join(f"{s[key][k]:.1f}" for k in ("mean", "p50", "p90", "p99"))))
-    width = max(len(k) for k, _ in rows)
-    print("=" * (width + 30))
-    for key, value in rows:
-        print(f"{key:<{width}}  {value}")
-    print("=" * (width + 30))
-    for err in s["errors"]:
+    """The same layout as `vllm bench serve`."""
+    print("{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="="))
+    for title, value in (("Successful requests:", s["completed"]), ("Failed requests:", s["failed"]),
+                         ("Benchmark duration (s):", f'{s["duration"]:.2f}'),
+                         ("Total input tokens:", s["total_input_tokens"]),
+                         ("Total generated tokens:", s["total_output_tokens"]),
+                         ("Request throughput (req/s):", f'{s["request_throughput"]:.2f}'),
+                         ("Output token throughput (tok/s):", f'{s["output_throughput"]:.2f}'),
+                         ("Total Token throughput (tok/s):", f'{s["total_token_throughput"]:.2f}')):
+        print(f"{title:<40} {value:<10}")
+    for name, header in (("ttft", "Time to First Token"), ("tpot", "Time per Output Token (excl. 1st token)"),
+                         ("itl", "Inter-token Latency"), ("e2el", "End-to-end Latency")):
+        keys = [k for k in s if k.endswith(f"_{name}_ms") and not k.startswith("std_")]
+        if not keys:
+            continue
+        print("{s:{c}^{n}}".format(s=header, n=50, c="-"))
+        for key in keys:
+            stat = key.split("_")[0]
+            label = {"mean": "Mean", "median": "Median"}.get(stat, stat.upper())
+            print(f"{f'{label} {name.upper()} (ms):':<40} {s[key]:<10.2f}")
+    print("=" * 50)
+    for err in sorted({e for e in s["errors"] if e})[:5]:
         print("error:", err)
 
 
@@ -173,7 +181,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=1800.0)
     p.add_argument("--no-warmup", dest="warmup", action="store_false")
-    p.add_argument("--result-json", default=None, help="also write the summary here")
+    p.add_argument("--percentile-metrics", default="ttft,tpot,itl",
+                   help="comma-separated metrics to report percentiles of: ttft, tpot, itl, e2el")
+    p.add_argument("--metric-percentiles", default="99", help='comma-separated percentiles, e.g. "25,50,99"')
+    p.add_argument("--result-json", default=None, help="also write the summary here (vllm bench serve's keys)")
     args = p.parse_args(argv)
     summary = asyncio.run(run(args))
     print_table(summary)

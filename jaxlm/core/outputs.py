@@ -58,6 +58,8 @@ class EngineCoreOutput:
     new_logprobs: LogprobsLists | None = None
     new_prompt_logprobs: LogprobsLists | None = None
     num_cached_tokens: int = 0
+    # When the core first scheduled the request (time.time()); vLLM's SCHEDULED event.
+    scheduled_ts: float | None = None
 
     @property
     def finished(self) -> bool:

@@ -54,6 +54,8 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     num_preemptions: int = 0
     stop_reason: int | str | None = None
+    # First time the scheduler admitted it (time.time()); resumes after preemption keep it.
+    scheduled_ts: float | None = None
     # Filled by add_request: max_tokens (None in the params = up to max_model_len).
     max_tokens: int | None = None
     # Chained hashes of the full blocks seen so far (extended lazily by the KVCacheManager).

@@ -11,6 +11,7 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+import time
 from typing import Iterable
 
 from jaxlm.config import CacheConfig, SchedulerConfig
@@ -158,6 +159,7 @@ class Scheduler:
             if request.num_cached_tokens < 0:  # first admission (resumes are not counted)
                 kv.record_prefix_cache_query(request.num_tokens, num_computed)
                 request.num_cached_tokens = num_computed
+                request.scheduled_ts = time.time()
             request.num_computed_tokens = num_computed
             request.status = RequestStatus.RUNNING
             self.running.append(request)
@@ -239,6 +241,7 @@ class Scheduler:
                         new_logprobs=new_logprobs,
                         new_prompt_logprobs=prompt_logprobs,
                         num_cached_tokens=max(request.num_cached_tokens, 0),
+                        scheduled_ts=request.scheduled_ts,
                     )
                 )
         if finished:

@@ -207,7 +207,7 @@ class LLMEngine:
                     if sibling.request_id in self.output_processor.request_states:
                         self.scheduler.add_request(sibling)
 
-    def get_stats(self) -> dict[str, float]:
+    def get_stats(self) -> dict[str, Any]:
         s = self.scheduler.make_stats()
         return {
             "num_requests_running": s.num_running_reqs,
@@ -218,6 +218,8 @@ class LLMEngine:
             "num_preemptions_total": s.num_preemptions,
             "prompt_tokens_total": self.output_processor.num_prompt_tokens_done,
             "generation_tokens_total": self.generation_tokens_total,
+            # A copy: the frontend reads it on another thread (vllm:iteration_tokens_total).
+            "iteration_tokens": self.output_processor.iteration_tokens.snapshot(),
         }
 
     def _maybe_log_stats(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import time
 from typing import Any
@@ -9,8 +10,32 @@ from typing import Any
 from jaxlm.core.outputs import EngineCoreOutput, FinishReason
 from jaxlm.engine.detokenizer import IncrementalDetokenizer
 from jaxlm.engine.logprobs import LogprobsProcessor, TokenDecoder
-from jaxlm.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from jaxlm.outputs import CompletionOutput, RequestOutput, RequestStateStats
 from jaxlm.sampling_params import RequestOutputKind, SamplingParams
+
+
+# vllm:iteration_tokens_total bucket bounds (vLLM's).
+ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+@dataclasses.dataclass
+class IterationTokensStats:
+    """Cumulative histogram of the tokens each engine step handled: the prompt tokens of requests
+    whose first token came out in it plus its new tokens (vLLM's IterationStats rule). Kept on
+    the engine thread, read as a snapshot (the frontend sees steps only through get_stats)."""
+
+    bucket_counts: list[int] = dataclasses.field(
+        default_factory=lambda: [0] * (len(ITERATION_TOKENS_BUCKETS) + 1))  # last: +Inf
+    sum: int = 0
+    count: int = 0
+
+    def observe(self, num_tokens: int) -> None:
+        self.bucket_counts[bisect.bisect_left(ITERATION_TOKENS_BUCKETS, num_tokens)] += 1
+        self.sum += num_tokens
+        self.count += 1
+
+    def snapshot(self) -> "IterationTokensStats":
+        return IterationTokensStats(list(self.bucket_counts), self.sum, self.count)
 
 
 @dataclasses.dataclass
@@ -39,7 +64,7 @@ class RequestState:
         self.logprobs = LogprobsProcessor(tokenizer, params, token_decoder)
         self.token_ids: list[int] = []
         self.sent_tokens = 0
-        self.metrics = RequestMetrics(arrival_time=arrival_time)
+        self.metrics = RequestStateStats(arrival_time=arrival_time, queued_ts=time.time())
         self.num_cached_tokens = 0
 
     def completion(self, finish_reason: str | None, stop_reason: Any, delta: bool) -> CompletionOutput:
@@ -66,6 +91,7 @@ class OutputProcessor:
         self.token_decoder = TokenDecoder(tokenizer)
         # Prompt tokens of requests whose prefill finished (vllm:prompt_tokens_total).
         self.num_prompt_tokens_done = 0
+        self.iteration_tokens = IterationTokensStats()
 
     def add_request(self, request_id: str, external_req_id: str, prompt: str | None,
                     prompt_token_ids: list[int], params: SamplingParams, arrival_time: float,
@@ -102,16 +128,12 @@ class OutputProcessor:
         now = time.time()
         request_outputs: list[tuple[str, RequestOutput]] = []
         to_abort: list[str] = []
+        prompt_tokens_done = self.num_prompt_tokens_done
         for out in outputs:
             state = self.request_states.get(out.req_id)
             if state is None:  # aborted meanwhile
                 continue
-            m = state.metrics
-            if out.new_token_ids:
-                if m.first_token_time is None:
-                    m.first_token_time = now
-                    self.num_prompt_tokens_done += len(state.prompt_token_ids)
-                m.last_token_time = now
+            self._update_stats(state.metrics, out, len(state.prompt_token_ids), now)
             state.num_cached_tokens = out.num_cached_tokens
             state.token_ids.extend(out.new_token_ids)
             state.logprobs.update_from_output(out.new_logprobs, out.new_prompt_logprobs)
@@ -125,12 +147,24 @@ class OutputProcessor:
                     finish_reason, stop_reason = str(FinishReason.STOP), stop_str
                     to_abort.append(out.req_id)
             if finish_reason is not None:
-                m.finished_time = now
                 del self.request_states[out.req_id]
             ro = self._make_output(state, finish_reason, stop_reason)
             if ro is not None:
                 request_outputs.append((state.parent.request_id if state.parent else state.request_id, ro))
+        self.iteration_tokens.observe(self.num_prompt_tokens_done - prompt_tokens_done
+                                      + sum(len(o.new_token_ids) for o in outputs))
         return request_outputs, to_abort
+
+    def _update_stats(self, m: RequestStateStats, out: EngineCoreOutput, prompt_len: int, now: float) -> None:
+        if m.scheduled_ts is None:
+            m.scheduled_ts = out.scheduled_ts
+        if out.new_token_ids:
+            if m.first_token_ts is None:
+                m.first_token_ts = now
+                m.first_token_latency = now - m.arrival_time
+                self.num_prompt_tokens_done += prompt_len
+            m.last_token_ts = now
+            m.num_generation_tokens += len(out.new_token_ids)
 
     def _make_output(self, state: RequestState, finish_reason: str | None, stop_reason: Any) -> RequestOutput | None:
         kind = state.params.output_kind

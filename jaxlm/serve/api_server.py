@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import anyio
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -23,7 +23,8 @@ import jaxlm
 from jaxlm.engine.arg_utils import EngineArgs
 from jaxlm.engine.async_llm_engine import AsyncLLMEngine
 from jaxlm.serve.errors import OpenAIError, error_json, install_error_handlers, to_openai_error
-from jaxlm.serve.metrics import ServerMetrics
+from jaxlm.serve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from jaxlm.serve.metrics import ServerMetrics, cache_config_info
 from jaxlm.serve.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -140,10 +141,14 @@ def build_app(args: argparse.Namespace) -> FastAPI:
         return JSONResponse({"version": jaxlm_version()})
 
     @app.get("/metrics")
-    async def metrics(raw: Request) -> PlainTextResponse:
-        state = raw.app.state
-        return PlainTextResponse(state.metrics.render(state.engine.get_stats()),
-                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+    async def metrics(raw: Request) -> Response:
+        return Response(raw.app.state.metrics.render(), media_type=METRICS_CONTENT_TYPE)
+
+    if getattr(args, "enable_tokenizer_info_endpoint", False):  # opt-in, as vLLM (it shows the template)
+
+        @app.get("/tokenizer_info")
+        async def tokenizer_info(raw: Request) -> JSONResponse:
+            return JSONResponse(raw.app.state.serving_completion.tokenizer_info())
 
     @app.get("/v1/models")
     async def models(raw: Request) -> JSONResponse:
@@ -202,7 +207,8 @@ def init_app_state(engine: AsyncLLMEngine, state: Any, args: argparse.Namespace)
     state.served_model_names = names
     state.model_path = model_config.model
     state.max_model_len = max_model_len
-    state.metrics = ServerMetrics(names[0])
+    state.metrics = ServerMetrics(names[0], max_model_len, engine.get_stats,
+                                  cache_config_info(engine.engine_config.cache_config))
     state.serving_completion = OpenAIServingCompletion(engine, names, max_model_len, state.metrics)
     state.serving_chat = OpenAIServingChat(engine, names, max_model_len, state.metrics)
 

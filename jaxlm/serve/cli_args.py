@@ -58,6 +58,8 @@ def _add_server_args(parser: argparse.ArgumentParser) -> None:
                         help="seconds in-flight requests may run after SIGTERM before they are aborted")
     server.add_argument("--uvicorn-log-level", default="info", choices=_LOG_LEVELS, help="uvicorn's log level")
     server.add_argument("--disable-uvicorn-access-log", action="store_true", help="no per-request access log")
+    server.add_argument("--enable-tokenizer-info-endpoint", action="store_true",
+                        help="serve GET /tokenizer_info (tokenizer config and chat template; lm-eval's remote tokenizer)")
 
 
 def make_arg_parser(prog: str = "python -m jaxlm.serve") -> ServeArgumentParser:

@@ -21,8 +21,57 @@ def random_uuid() -> str:
 
 
 class OpenAIBaseModel(BaseModel):
-    # Unknown fields are accepted and ignored, as in vLLM (clients send extras freely).
+    # Unknown fields are accepted (clients send extras freely); requests check them with
+    # unsupported_field() / ignored_fields().
     model_config = ConfigDict(extra="allow")
+
+
+# Fields of OpenAI's or vLLM's request schemas that jaxlm does not implement: a request that
+# sets one to anything but its "off" value gets a 400 naming it, rather than a silent 200. The
+# off values (None, False, 0, empty, and the ones listed) mean what leaving the field out means.
+UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
+    "response_format": ({"type": "text"},),
+    "structured_outputs": (),
+    "guided_json": (),
+    "guided_regex": (),
+    "guided_choice": (),
+    "guided_grammar": (),
+    "guided_decoding_backend": (),
+    "guided_whitespace_pattern": (),
+    "tools": (),
+    "tool_choice": ("none", "auto"),
+    "parallel_tool_calls": (True,),
+    "functions": (),
+    "function_call": ("none", "auto"),
+    "use_beam_search": (),
+    "length_penalty": (1.0,),
+    "prompt_embeds": (),
+    "logits_processors": (),
+    "cache_salt": (),
+    "kv_transfer_params": (),
+    "vllm_xargs": (),
+    "priority": (),
+    "return_token_ids": (),
+    "mm_processor_kwargs": (),
+    "documents": (),
+    "chat_template": (),
+    "reasoning_effort": (),
+    "include_reasoning": (True,),
+    "modalities": (["text"],),
+    "audio": (),
+    "prediction": (),
+    "web_search_options": (),
+    "service_tier": ("auto", "default"),
+    "store": (),
+    "metadata": (),
+    "echo": (),  # chat only (completions implement it)
+}
+
+
+def _is_off(name: str, value: Any) -> bool:
+    if value is None or value is False or value == 0 or (isinstance(value, (str, list, dict)) and not value):
+        return True
+    return any(value == off for off in UNSUPPORTED_FIELDS[name])
 
 
 class ErrorInfo(BaseModel):
@@ -74,7 +123,7 @@ class ModelList(OpenAIBaseModel):
     data: list[ModelCard] = Field(default_factory=list)
 
 
-class _SamplingRequest(OpenAIBaseModel):
+class SamplingRequest(OpenAIBaseModel):
     """Fields shared by completions and chat (OpenAI's, then vLLM's extras)."""
 
     model: str | None = None
@@ -100,21 +149,51 @@ class _SamplingRequest(OpenAIBaseModel):
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     request_id: str | None = None
+    bad_words: list[str] | None = None
+    allowed_token_ids: list[int] | None = None
+    prompt_logprobs: int | None = Field(None, ge=-1)
+    # Keep only the last N prompt tokens (-1: the last max_model_len - 1), as vLLM.
+    truncate_prompt_tokens: int | None = Field(None, ge=-1)
+    # Logprob tokens as "token_id:N" (for tokens that are not valid UTF-8 alone), as vLLM.
+    return_tokens_as_token_ids: bool | None = None
+    best_of: int | None = None
 
-    def _sampling_params(self, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None) -> SamplingParams:
-        # Defaults as in vLLM: temperature 1.0, top_p 1.0, top_k off.
+    def unsupported_field(self) -> str | None:
+        """The first field of the OpenAI / vLLM schema set here that jaxlm does not implement."""
+        if self.best_of is not None and self.best_of != self.n:
+            return "best_of"
+        for name, value in (self.model_extra or {}).items():
+            if name in UNSUPPORTED_FIELDS and not _is_off(name, value):
+                return name
+        return None
+
+    def ignored_fields(self) -> list[str]:
+        """Fields in neither schema: ignored (with a warning), as vLLM."""
+        return sorted(set(self.model_extra or {}) - set(UNSUPPORTED_FIELDS))
+
+    def _sampling_params(self, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None,
+                         defaults: dict[str, Any]) -> SamplingParams:
+        """defaults: the model's generation-config sampling fields; what the request leaves
+        unset takes them, else vLLM's (temperature 1.0, top_p 1.0, top_k off)."""
+
+        def pick(name: str, fallback: Any) -> Any:
+            value = getattr(self, name)
+            return defaults.get(name, fallback) if value is None else value
+
         return SamplingParams(
             n=self.n,
             presence_penalty=self.presence_penalty or 0.0,
             frequency_penalty=self.frequency_penalty or 0.0,
-            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
-            temperature=1.0 if self.temperature is None else self.temperature,
-            top_p=1.0 if self.top_p is None else self.top_p,
-            top_k=0 if self.top_k is None else self.top_k,
-            min_p=0.0 if self.min_p is None else self.min_p,
+            repetition_penalty=pick("repetition_penalty", 1.0),
+            temperature=pick("temperature", 1.0),
+            top_p=pick("top_p", 1.0),
+            top_k=pick("top_k", 0),
+            min_p=pick("min_p", 0.0),
             seed=self.seed,
             stop=self.stop,
             stop_token_ids=self.stop_token_ids,
+            bad_words=self.bad_words,
+            allowed_token_ids=self.allowed_token_ids,
             ignore_eos=self.ignore_eos,
             max_tokens=max_tokens,
             min_tokens=self.min_tokens,
@@ -141,18 +220,25 @@ def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
 
 
 # ------------------------------------------------------------------- completions
-class CompletionRequest(_SamplingRequest):
+class CompletionRequest(SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=1)
+    # 0 with echo: score the prompt only (one token is generated and not returned), as vLLM.
+    max_tokens: int | None = Field(16, ge=0)
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: bool = False
     suffix: str | None = None
-    best_of: int | None = None
+    add_special_tokens: bool = True
 
-    def to_sampling_params(self, max_tokens: int) -> SamplingParams:
+    @property
+    def echo_only(self) -> bool:
+        return self.echo and self.max_tokens == 0
+
+    def to_sampling_params(self, max_tokens: int, defaults: dict[str, Any]) -> SamplingParams:
         # echo + logprobs needs the prompt's logprobs too (OpenAI returns them for the prompt).
-        prompt_lp = self.logprobs if (self.echo and self.logprobs is not None) else None
-        return self._sampling_params(max_tokens, self.logprobs, prompt_lp)
+        prompt_lp = self.prompt_logprobs
+        if prompt_lp is None and self.echo and self.logprobs is not None:
+            prompt_lp = self.logprobs
+        return self._sampling_params(max_tokens, self.logprobs, prompt_lp, defaults)
 
 
 class CompletionLogProbs(OpenAIBaseModel):
@@ -162,12 +248,21 @@ class CompletionLogProbs(OpenAIBaseModel):
     top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
 
 
+class PromptLogprob(OpenAIBaseModel):
+    """vLLM's Logprob as JSON (prompt_logprobs entries)."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
 class CompletionResponseChoice(OpenAIBaseModel):
     index: int
     text: str
     logprobs: CompletionLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: list[dict[int, PromptLogprob] | None] | None = None
 
 
 class CompletionResponse(OpenAIBaseModel):
@@ -192,7 +287,7 @@ class ChatMessage(OpenAIBaseModel):
     name: str | None = None
 
 
-class ChatCompletionRequest(_SamplingRequest):
+class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
@@ -201,13 +296,15 @@ class ChatCompletionRequest(_SamplingRequest):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    # The chat template carries BOS already (vLLM's default).
+    add_special_tokens: bool = False
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
-    def to_sampling_params(self, max_tokens: int) -> SamplingParams:
+    def to_sampling_params(self, max_tokens: int, defaults: dict[str, Any]) -> SamplingParams:
         logprobs = (self.top_logprobs or 0) if self.logprobs else None
-        return self._sampling_params(max_tokens, logprobs, None)
+        return self._sampling_params(max_tokens, logprobs, self.prompt_logprobs, defaults)
 
 
 class ChatCompletionLogProb(OpenAIBaseModel):
@@ -245,6 +342,7 @@ class ChatCompletionResponse(OpenAIBaseModel):
     choices: list[ChatCompletionResponseChoice]
     usage: UsageInfo
     system_fingerprint: str | None = None
+    prompt_logprobs: list[dict[int, PromptLogprob] | None] | None = None
 
 
 class DeltaMessage(OpenAIBaseModel):

@@ -23,7 +23,15 @@ from jaxlm.serve.protocol import (
     UsageInfo,
     random_uuid,
 )
-from jaxlm.serve.serving_engine import ChoiceState, OpenAIServing, clamp_logprob, sse, sse_error
+from jaxlm.serve.serving_engine import (
+    ChoiceState,
+    OpenAIServing,
+    add_prompt_logprobs,
+    clamp_logprob,
+    prompt_logprobs_json,
+    sse,
+    sse_error,
+)
 
 
 def _content_text(content: str | list[dict[str, Any]] | None) -> str:
@@ -39,8 +47,10 @@ def _content_text(content: str | list[dict[str, Any]] | None) -> str:
 
 class OpenAIServingChat(OpenAIServing):
     def render(self, messages: list[ChatMessage], add_generation_prompt: bool = True,
-               continue_final_message: bool = False, kwargs: dict[str, Any] | None = None) -> list[int]:
-        """Chat template -> token ids (the template carries BOS; no special tokens added again)."""
+               continue_final_message: bool = False, kwargs: dict[str, Any] | None = None,
+               add_special_tokens: bool = False) -> list[int]:
+        """Chat template -> token ids (the template carries BOS: no special tokens added again
+        unless add_special_tokens, as vLLM)."""
         if getattr(self.tokenizer, "chat_template", None) is None:
             raise OpenAIError("this model's tokenizer has no chat template", 400, "messages")
         conversation = [{"role": m.role, "content": _content_text(m.content)} for m in messages]
@@ -54,20 +64,24 @@ class OpenAIServingChat(OpenAIServing):
             )
         except Exception as e:  # noqa: BLE001 - template errors are the request's fault
             raise OpenAIError(f"chat template failed: {e}", 400, "messages") from e
-        return self.encode(text, add_special_tokens=False)
+        return self.encode(text, add_special_tokens=add_special_tokens)
 
     async def create_chat_completion(
         self, request: ChatCompletionRequest
     ) -> ChatCompletionResponse | AsyncIterator[str]:
+        arrival_time = time.time()  # before tokenization: TTFT counts from here (as vLLM)
         self.check_engine()
         model = self.check_model(request.model)
+        self.check_request_fields(request)
         ids = self.render(request.messages, request.add_generation_prompt,
-                          request.continue_final_message, request.chat_template_kwargs)
+                          request.continue_final_message, request.chat_template_kwargs,
+                          request.add_special_tokens)
+        ids = self.truncate(ids, request.truncate_prompt_tokens)
         self.check_token_ids(ids)
         max_tokens = self.resolve_max_tokens(len(ids), request.requested_max_tokens())
         params = self.build_params(request.to_sampling_params, max_tokens)
         request_id = f"chatcmpl-{request.request_id or random_uuid()}"
-        gen = self.generate(ids, params, request_id)
+        gen = self.generate(ids, params, request_id, arrival_time)
         try:
             first = await anext(gen)  # errors before the first output keep their HTTP status
         except StopAsyncIteration:
@@ -78,8 +92,10 @@ class OpenAIServingChat(OpenAIServing):
         if request.stream:
             return self._stream(request, model, request_id, len(ids), first, gen)
         states: dict[int, ChoiceState] = {}
+        prompt_lps: dict[int, list] = {}
         out = first
         while True:
+            add_prompt_logprobs(prompt_lps, 0, out)
             for o in out.outputs:
                 states.setdefault(o.index, ChoiceState()).add(o)
             if out.finished:
@@ -101,7 +117,8 @@ class OpenAIServingChat(OpenAIServing):
         completion_tokens = sum(len(s.token_ids) for s in states.values())
         usage = UsageInfo(prompt_tokens=len(ids), completion_tokens=completion_tokens,
                           total_tokens=len(ids) + completion_tokens)
-        return ChatCompletionResponse(id=request_id, model=model, choices=choices, usage=usage)
+        return ChatCompletionResponse(id=request_id, model=model, choices=choices, usage=usage,
+                                      prompt_logprobs=prompt_logprobs_json(prompt_lps.get(0)))
 
     async def _stream(self, request, model, request_id, prompt_len, first, gen) -> AsyncIterator[str]:
         created = int(time.time())
@@ -144,16 +161,17 @@ class OpenAIServingChat(OpenAIServing):
                   logprobs: list[dict[int, Logprob]] | None) -> ChatCompletionLogProbs:
         content = []
         lps = list(logprobs or [])
+        as_ids = bool(request.return_tokens_as_token_ids)
         for token_id, pos in zip(token_ids, lps):
             chosen = pos.get(token_id) if pos else None
-            token = self.token_str(token_id, chosen)
+            token = self.token_str(token_id, chosen, as_ids)
             top = self.top_entries(pos or {}, request.top_logprobs or 0)
             content.append(ChatCompletionLogProbsContent(
                 token=token,
                 logprob=clamp_logprob(chosen.logprob) if chosen else -9999.0,
                 bytes=list(token.encode("utf-8", errors="replace")),
                 top_logprobs=[
-                    ChatCompletionLogProb(token=(s := self.token_str(t, lp)), logprob=clamp_logprob(lp.logprob),
+                    ChatCompletionLogProb(token=(s := self.token_str(t, lp, as_ids)), logprob=clamp_logprob(lp.logprob),
                                           bytes=list(s.encode("utf-8", errors="replace")))
                     for t, lp in top
                 ],

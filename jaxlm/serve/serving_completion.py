@@ -19,7 +19,9 @@ from jaxlm.serve.protocol import (
 from jaxlm.serve.serving_engine import (
     ChoiceState,
     OpenAIServing,
+    add_prompt_logprobs,
     clamp_logprob,
+    prompt_logprobs_json,
     merge_async_iterators,
     sse,
     sse_error,
@@ -28,7 +30,7 @@ from jaxlm.serve.serving_engine import (
 
 class OpenAIServingCompletion(OpenAIServing):
     def _prompts(self, request: CompletionRequest) -> list[tuple[str | None, list[int]]]:
-        """(text or None, token ids) per prompt."""
+        """(text or None, token ids) per prompt; the text is None where truncation cut it."""
         prompt = request.prompt
         if isinstance(prompt, str):
             items: list = [prompt]
@@ -40,9 +42,13 @@ class OpenAIServingCompletion(OpenAIServing):
             raise OpenAIError("prompt must not be empty", 400, "prompt")
         result = []
         for item in items:
-            ids = self.encode(item, add_special_tokens=True) if isinstance(item, str) else list(item)
+            text = item if isinstance(item, str) else None
+            ids = self.encode(item, request.add_special_tokens) if text is not None else list(item)
+            truncated = self.truncate(ids, request.truncate_prompt_tokens)
+            if len(truncated) != len(ids):
+                text, ids = None, truncated
             self.check_token_ids(ids)
-            result.append((item if isinstance(item, str) else None, ids))
+            result.append((text, ids))
         return result
 
     async def create_completion(
@@ -50,17 +56,23 @@ class OpenAIServingCompletion(OpenAIServing):
     ) -> CompletionResponse | AsyncIterator[str]:
         """The response, or (stream=True) an SSE iterator whose first output already arrived, so
         that queue-full and invalid-prompt errors still get their HTTP status."""
+        arrival_time = time.time()  # before tokenization: TTFT counts from here (as vLLM)
         self.check_engine()
         model = self.check_model(request.model)
         if request.suffix:
             raise OpenAIError("suffix is not supported", 400, "suffix")
+        self.check_request_fields(request)
+        if request.max_tokens == 0 and not request.echo:
+            raise OpenAIError("max_tokens must be at least 1 (0 only with echo: scoring the prompt)", 400,
+                              "max_tokens")
         prompts = self._prompts(request)
         request_id = f"cmpl-{request.request_id or random_uuid()}"
         generators = []
         for i, (_, ids) in enumerate(prompts):
-            max_tokens = self.resolve_max_tokens(len(ids), request.max_tokens)
+            # echo with max_tokens=0: one token is generated (the engine always samples) and dropped.
+            max_tokens = self.resolve_max_tokens(len(ids), 1 if request.echo_only else request.max_tokens)
             params = self.build_params(request.to_sampling_params, max_tokens)
-            generators.append(self.generate(ids, params, f"{request_id}-{i}"))
+            generators.append(self.generate(ids, params, f"{request_id}-{i}", arrival_time))
         merged = merge_async_iterators(*generators)
         try:
             first = await anext(merged)
@@ -79,8 +91,7 @@ class OpenAIServingCompletion(OpenAIServing):
         prompt_lps: dict[int, list] = {}
 
         def take(p: int, out: RequestOutput) -> None:
-            if out.prompt_logprobs is not None and p not in prompt_lps:
-                prompt_lps[p] = out.prompt_logprobs
+            add_prompt_logprobs(prompt_lps, p, out)
             for o in out.outputs:
                 states.setdefault((p, o.index), ChoiceState()).add(o)
 
@@ -93,6 +104,8 @@ class OpenAIServingCompletion(OpenAIServing):
             prompt_text = text if text is not None else self.tokenizer.decode(ids)
             for i in range(request.n):
                 st = states.get((p, i), ChoiceState())
+                if request.echo_only:
+                    st = ChoiceState(finish_reason="length")  # the prompt alone (vLLM's scoring)
                 completion_tokens += len(st.token_ids)
                 logprobs = None
                 if request.logprobs is not None:
@@ -104,6 +117,7 @@ class OpenAIServingCompletion(OpenAIServing):
                         logprobs=logprobs,
                         finish_reason=st.finish_reason,
                         stop_reason=st.stop_reason,
+                        prompt_logprobs=prompt_logprobs_json(prompt_lps.get(p)),
                     )
                 )
         prompt_tokens = sum(len(ids) for _, ids in prompts)
@@ -117,35 +131,42 @@ class OpenAIServingCompletion(OpenAIServing):
         n = request.n
         offsets: dict[int, int] = {}  # choice index -> text offset so far (legacy logprobs)
         started: set[int] = set()
+        prompt_lps: dict[int, list] = {}
         completion_tokens = 0
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
 
         def chunks(p: int, out: RequestOutput) -> list[str]:
             nonlocal completion_tokens
             text_in, ids = prompts[p]
+            add_prompt_logprobs(prompt_lps, p, out)
             result = []
             for o in out.outputs:
+                if not o.token_ids and o.finish_reason is None:
+                    continue  # a prefill chunk: the echo waits for the whole prompt's logprobs
                 index = p * n + o.index
-                completion_tokens += len(o.token_ids)
-                text = o.text
+                token_ids, lps, text = o.token_ids, o.logprobs, o.text
+                if request.echo_only:  # the prompt alone (vLLM's scoring)
+                    token_ids, lps, text = [], None, ""
+                completion_tokens += len(token_ids)
                 prefix_ids: list[int] = []
                 if index not in started:
                     started.add(index)
                     if request.echo:
                         text = (text_in if text_in is not None else self.tokenizer.decode(ids)) + text
                         prefix_ids = ids
-                if not text and o.finish_reason is None and not (request.logprobs is not None and o.token_ids):
+                if not text and o.finish_reason is None and not (request.logprobs is not None and token_ids):
                     continue
                 logprobs = None
                 if request.logprobs is not None:
                     logprobs = self._legacy_logprobs(
-                        request, prefix_ids, out.prompt_logprobs if prefix_ids else None,
-                        o.token_ids, o.logprobs, start_offset=offsets.get(index, 0),
+                        request, prefix_ids, prompt_lps.get(p) if prefix_ids else None,
+                        token_ids, lps, start_offset=offsets.get(index, 0),
                     )
                 offsets[index] = offsets.get(index, 0) + len(text)
                 choice = CompletionResponseChoice(
                     index=index, text=text, logprobs=logprobs,
-                    finish_reason=o.finish_reason, stop_reason=o.stop_reason,
+                    finish_reason="length" if request.echo_only else o.finish_reason,
+                    stop_reason=None if request.echo_only else o.stop_reason,
                 )
                 result.append(sse(CompletionStreamResponse(id=request_id, created=created, model=model, choices=[choice])))
             return result
@@ -188,9 +209,10 @@ class OpenAIServingCompletion(OpenAIServing):
         lps = list(logprobs or [])
         lps += [None] * (len(token_ids) - len(lps))
         positions += list(zip(token_ids, lps))
+        as_ids = bool(request.return_tokens_as_token_ids)
         for token_id, pos in positions:
             chosen = pos.get(token_id) if pos else None
-            token = self.token_str(token_id, chosen)
+            token = self.token_str(token_id, chosen, as_ids)
             result.tokens.append(token)
             result.token_logprobs.append(clamp_logprob(chosen.logprob) if chosen else None)
             result.text_offset.append(offset)
@@ -201,5 +223,7 @@ class OpenAIServingCompletion(OpenAIServing):
                 top = self.top_entries(pos, request.logprobs)
                 if chosen is not None and all(t != token_id for t, _ in top):
                     top.append((token_id, chosen))  # OpenAI's top_logprobs include the sampled token
-                result.top_logprobs.append({self.token_str(t, lp): clamp_logprob(lp.logprob) for t, lp in top})
+                result.top_logprobs.append({self.token_str(t, lp, as_ids): clamp_logprob(lp.logprob)
+                                            for t, lp in top})
         return result
+

@@ -17,10 +17,11 @@ from pydantic import BaseModel
 from jaxlm.engine.async_llm_engine import AsyncLLMEngine
 from jaxlm.engine.exceptions import QueueFullError
 from jaxlm.engine.input_processor import InvalidRequestError, ProcessedPrompt, PromptTooLongError
-from jaxlm.outputs import CompletionOutput, Logprob, RequestOutput
+from jaxlm.outputs import CompletionOutput, Logprob, RequestOutput, RequestStateStats
 from jaxlm.sampling_params import SamplingParams
 from jaxlm.serve.errors import OpenAIError, error_response, to_openai_error
 from jaxlm.serve.metrics import ServerMetrics
+from jaxlm.serve.protocol import PromptLogprob, SamplingRequest
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -44,6 +45,16 @@ def sse_error(exc: BaseException) -> str:
     """An error inside a stream (status already sent): one OpenAI error event, then [DONE]."""
     err = to_openai_error(exc)
     return sse(json.dumps(error_response(err.message, err.status, err.param).model_dump()))
+
+
+@dataclasses.dataclass
+class _SeqProgress:
+    """What the server saw of one of a request's n sequences (for /metrics)."""
+
+    stats: RequestStateStats | None = None
+    last_token: float | None = None
+    num_tokens: int = 0
+    finished: bool = False
 
 
 @dataclasses.dataclass
@@ -77,6 +88,9 @@ class OpenAIServing:
         self.served_model_names = served_model_names
         self.max_model_len = max_model_len
         self.metrics = metrics
+        # The model's generation-config sampling defaults (the engine logged them at start-up):
+        # request fields override them, unset fields take them (vLLM's --generation-config auto).
+        self.default_sampling_params = dict(engine.get_diff_sampling_param())
 
     @property
     def tokenizer(self) -> Any:
@@ -94,6 +108,29 @@ class OpenAIServing:
     def check_engine(self) -> None:
         if not self.engine.is_running:
             raise OpenAIError("the engine is not running", 503)
+
+    def check_request_fields(self, request: SamplingRequest) -> None:
+        """400 naming a schema field jaxlm does not implement; fields in neither schema are
+        ignored with a warning (as vLLM)."""
+        name = request.unsupported_field()
+        if name is not None:
+            raise OpenAIError(f"{name} is not supported by this server", 400, name)
+        ignored = request.ignored_fields()
+        if ignored:
+            logger.warning("The following fields were present in the request but ignored: %s", ignored)
+        if request.stream and request.prompt_logprobs is not None:
+            raise OpenAIError("prompt_logprobs are not available when stream is enabled", 400, "prompt_logprobs")
+
+    def truncate(self, ids: list[int], truncate_prompt_tokens: int | None) -> list[int]:
+        """The last N prompt tokens (-1: max_model_len), vLLM's truncate_prompt_tokens."""
+        if truncate_prompt_tokens is None:
+            return ids
+        n = self.max_model_len if truncate_prompt_tokens == -1 else truncate_prompt_tokens
+        if n > self.max_model_len:
+            raise OpenAIError(f"truncate_prompt_tokens ({n}) is greater than max_model_len "
+                              f"({self.max_model_len}); please request a smaller value", 400,
+                              "truncate_prompt_tokens")
+        return ids[-n:] if n else []
 
     @property
     def input_processor(self) -> Any:
@@ -123,35 +160,29 @@ class OpenAIServing:
 
     def build_params(self, make: Any, max_tokens: int) -> SamplingParams:
         try:
-            return make(max_tokens)
+            return make(max_tokens, self.default_sampling_params)
         except ValueError as e:  # SamplingParams' own validation: a client error
-            raise OpenAIError(str(e), 400) from e
+            param = str(e).split(" ", 1)[0]
+            raise OpenAIError(str(e), 400, param if param.isidentifier() else None) from e
 
     # ------------------------------------------------------------ generation
     async def generate(
-        self, prompt_ids: list[int], params: SamplingParams, request_id: str
+        self, prompt_ids: list[int], params: SamplingParams, request_id: str, arrival_time: float
     ) -> AsyncIterator[RequestOutput]:
-        """engine.generate plus the request-level metrics (TTFT, ITL, e2e, finish reason).
+        """engine.generate plus the request-level metrics; arrival_time (time.time()) is when the
+        server got the request, before tokenization: TTFT and e2e latency count from it.
 
         prompt_ids have passed check_token_ids and resolve_max_tokens (the InputProcessor's
         prompt checks), so the engine takes them as a ProcessedPrompt without checking again."""
-        start = time.monotonic()
-        first = last = None
-        reasons: list[str] = []
-        finished = rejected = False
+        seqs: dict[int, _SeqProgress] = {}
+        rejected = False
         prompt = ProcessedPrompt(None, list(prompt_ids))
         try:
-            async for out in self.engine.generate(prompt, params, request_id):
-                now = time.monotonic()
-                if any(o.token_ids for o in out.outputs):
-                    if first is None:
-                        self.metrics.observe_first_token(now - start)
-                    else:
-                        self.metrics.observe_inter_token(now - last)
-                    first = first or now
-                    last = now
-                reasons.extend(o.finish_reason for o in out.outputs if o.finish_reason)
-                finished = out.finished
+            async for out in self.engine.generate(prompt, params, request_id, arrival_time=arrival_time):
+                now = time.time()
+                for o in out.outputs:
+                    seq = seqs.setdefault(o.index, _SeqProgress())
+                    self._observe_output(seq, o, out, now, arrival_time, len(prompt_ids), params)
                 yield out
         except PromptTooLongError as e:
             rejected = True  # never ran: not a finished request
@@ -164,13 +195,55 @@ class OpenAIServing:
             raise
         finally:
             if not rejected:
-                reason = "abort"
-                if finished:
-                    reason = "length" if reasons and all(r == "length" for r in reasons) else "stop"
-                self.metrics.observe_finished(reason, time.monotonic() - start)
+                self._observe_end(seqs, arrival_time, len(prompt_ids), params)
+
+    def _observe_output(self, seq: "_SeqProgress", o: CompletionOutput, out: RequestOutput, now: float,
+                        arrival_time: float, prompt_len: int, params: SamplingParams) -> None:
+        seq.stats = out.metrics
+        if o.token_ids:
+            if seq.last_token is None:
+                latency = out.metrics.first_token_latency if out.metrics is not None else None
+                self.metrics.observe_first_token(latency if latency is not None else now - arrival_time)
+            else:
+                self.metrics.observe_inter_token(now - seq.last_token)
+            seq.last_token = now
+            seq.num_tokens += len(o.token_ids)
+        if o.finish_reason is not None and not seq.finished:
+            seq.finished = True
+            self.metrics.observe_sequence_finished(o.finish_reason, prompt_len, params.n, params.max_tokens,
+                                                   seq.stats, seq.num_tokens, now - arrival_time)
+
+    def _observe_end(self, seqs: dict[int, "_SeqProgress"], arrival_time: float, prompt_len: int,
+                     params: SamplingParams) -> None:
+        """Sequences that never finished were aborted (client gone, shutdown)."""
+        now = time.time()
+        for i in range(params.n):
+            seq = seqs.setdefault(i, _SeqProgress())
+            if not seq.finished:
+                self.metrics.observe_sequence_finished("abort", prompt_len, params.n, params.max_tokens,
+                                                       seq.stats, seq.num_tokens, now - arrival_time)
+        self.metrics.observe_request_finished(max(s.num_tokens for s in seqs.values()))
+
+    def tokenizer_info(self) -> dict[str, Any]:
+        """vLLM's /tokenizer_info: the tokenizer's class, config and chat template (what lm-eval's
+        remote tokenizer reads: eos/bos/pad tokens, chat_template)."""
+        tok = self.tokenizer
+        info: dict[str, Any] = {"tokenizer_class": type(tok).__name__}
+        for key, value in getattr(tok, "init_kwargs", {}).items():
+            value = _jsonable(value)
+            if value is not None:
+                info[key] = value
+        for key in ("bos_token", "eos_token", "pad_token", "unk_token"):
+            info[key] = getattr(tok, key, None)
+        info["chat_template"] = getattr(tok, "chat_template", None)
+        info["model_max_length"] = self.max_model_len
+        return info
 
     # ------------------------------------------------------------ logprobs
-    def token_str(self, token_id: int, lp: Logprob | None = None) -> str:
+    def token_str(self, token_id: int, lp: Logprob | None = None, as_token_id: bool = False) -> str:
+        """A logprob entry's token: its text, or "token_id:N" (return_tokens_as_token_ids)."""
+        if as_token_id:
+            return f"token_id:{token_id}"
         if lp is not None and lp.decoded_token is not None:
             return lp.decoded_token
         return self.tokenizer.decode([token_id])
@@ -180,6 +253,21 @@ class OpenAIServing:
         return items if limit is None else items[:limit]
 
 
+def _jsonable(value: Any) -> Any:
+    """A JSON value (AddedToken -> its text), or None for what JSON cannot hold."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if hasattr(value, "content") and isinstance(value.content, str):  # tokenizers.AddedToken
+        return value.content
+    if isinstance(value, (list, tuple)):
+        items = [_jsonable(v) for v in value]
+        return None if any(v is None for v in items) else items
+    if isinstance(value, dict):
+        items = {str(k): _jsonable(v) for k, v in value.items()}
+        return None if any(v is None for v in items.values()) else items
+    return None
+
+
 def _context_length_error(e: PromptTooLongError) -> OpenAIError:
     return OpenAIError(
         f"This model's maximum context length is {e.max_model_len} tokens. However, your "
@@ -187,6 +275,21 @@ def _context_length_error(e: PromptTooLongError) -> OpenAIError:
         400,
         "prompt",
     )
+
+
+def add_prompt_logprobs(prompt_lps: dict[int, list], p: int, out: RequestOutput) -> None:
+    """DELTA outputs bring a prompt's logprobs chunk by chunk (one per prefill step): keep them
+    all. With n > 1 every sequence computes them; the first one's are kept."""
+    if out.prompt_logprobs is not None and all(o.index == 0 for o in out.outputs):
+        prompt_lps.setdefault(p, []).extend(out.prompt_logprobs)
+
+
+def prompt_logprobs_json(lps: list | None) -> list[dict[int, PromptLogprob] | None] | None:
+    if lps is None:
+        return None
+    return [None if pos is None else {t: PromptLogprob(logprob=clamp_logprob(lp.logprob), rank=lp.rank,
+                                                       decoded_token=lp.decoded_token) for t, lp in pos.items()}
+            for pos in lps]
 
 
 async def merge_async_iterators(*iterators: AsyncIterator[T]) -> AsyncIterator[tuple[int, T]]:

@@ -31,7 +31,9 @@ def test_prompt_forms_and_order(llm):
     assert outs[0].outputs[0].text == tok.decode(outs[0].outputs[0].token_ids)
     assert len(outs[3].outputs[0].token_ids) == 6 and outs[3].outputs[0].finish_reason == "length"
     m = outs[0].metrics
-    assert m.arrival_time <= m.first_token_time <= m.finished_time
+    assert m.arrival_time <= m.queued_ts <= m.scheduled_ts <= m.first_token_ts <= m.last_token_ts
+    assert m.first_token_latency == m.first_token_ts - m.arrival_time
+    assert m.num_generation_tokens == len(outs[0].outputs[0].token_ids)
     # A single string or a bare token-id list is one prompt.
     assert len(llm.generate(text, greedy, use_tqdm=False)) == 1
     assert len(llm.generate(ids, greedy, use_tqdm=False)) == 1

@@ -19,7 +19,7 @@ from transformers import AutoTokenizer
 from jaxlm.engine.arg_utils import EngineArgs
 from jaxlm.engine.exceptions import QueueFullError
 from jaxlm.engine.input_processor import InputProcessor, make_internal_request_id
-from jaxlm.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
+from jaxlm.outputs import CompletionOutput, Logprob, RequestStateStats, RequestOutput
 from jaxlm.sampling_params import RequestOutputKind, SamplingParams
 
 SENTENCE = "the quick brown fox jumps over the lazy dog while the cat sleeps "
@@ -50,7 +50,7 @@ class _Req:
     prompt_ids: list[int]
     params: SamplingParams
     children: list[_Child]
-    metrics: RequestMetrics
+    metrics: RequestStateStats
 
     @property
     def finished(self) -> bool:
@@ -107,7 +107,7 @@ class FakeLLMEngine:
                 offset = rng.randrange(len(self.cycle))
             children.append(_Child(i, rng, offset))
         req = _Req(request_id, internal_id, prompt, ids, params, children,
-                   RequestMetrics(arrival_time=arrival_time or time.time()))
+                   RequestStateStats(arrival_time=arrival_time or time.time()))
         self.waiting.append(req)
         return internal_id
 
