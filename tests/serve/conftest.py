@@ -159,7 +159,7 @@ SERVED_MODEL = "tiny-llama"
 def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """One subprocess server shared by the compatibility, metrics and lm-eval tests (one compile):
     a tiny random llama (float32), a 16-token step budget, the tokenizer-info endpoint on."""
-    from tests.helpers.tiny_tokenizer import make_tiny_engine_model
+    from tests.helpers.tiny_models import make_tiny_engine_model
 
     path = make_tiny_engine_model("llama", tmp_path_factory.mktemp("served-llama"))
     _add_bos_post_processor(path)
