@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 
@@ -54,7 +55,7 @@ class OpenAIServingCompletion(OpenAIServing):
         model = self.check_model(request.model)
         if request.suffix:
             raise OpenAIError("suffix is not supported", 400, "suffix")
-        prompts = self._prompts(request)
+        prompts = await asyncio.to_thread(self._prompts, request)  # tokenization off the event loop
         request_id = f"cmpl-{request.request_id or random_uuid()}"
         generators = []
         for i, (_, ids) in enumerate(prompts):
