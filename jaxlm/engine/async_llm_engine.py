@@ -277,6 +277,7 @@ class AsyncLLMEngine:
 
     def _dispatch(self, engine: "LLMEngine", outputs: list[tuple[str, RequestOutput]]) -> None:
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, RequestOutput | BaseException]]] = {}
+        failed: list[str] = []
         with self._cv:
             for internal_id, out in outputs:
                 item: RequestOutput | BaseException = out
@@ -284,6 +285,7 @@ class AsyncLLMEngine:
                     why = engine.pop_request_error(internal_id) or "unknown error"
                     item = EngineGenerateError(f"request {out.request_id!r} failed in the engine: {why}")
                     out.finished = True
+                    failed.append(internal_id)
                 stream = self._streams.get(internal_id)
                 if stream is None:
                     continue  # aborted meanwhile
@@ -291,6 +293,8 @@ class AsyncLLMEngine:
             for internal_id, out in outputs:  # after the loop: n > 1 gives several outputs a step
                 if out.finished:
                     self._streams.pop(internal_id, None)
+        if failed:  # n > 1: the failed request's other sequences stop too
+            engine.abort_request(failed, internal=True)
         for loop, items in by_loop.items():
             try:
                 loop.call_soon_threadsafe(_put_all, items)

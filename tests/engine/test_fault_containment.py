@@ -125,6 +125,33 @@ def test_async_engine_gives_the_error_to_that_caller_only(engine, monkeypatch):
         async_engine.shutdown()
 
 
+def test_a_failed_child_stops_its_siblings(engine, monkeypatch):
+    real_add = SamplingInputBuilder.add_request
+
+    def add_request(self, req_id, params, *args, **kwargs):
+        if req_id.startswith("1_bad") and params.max_tokens != 1:  # the second of n = 2
+            raise ValueError("injected: one child")
+        return real_add(self, req_id, params, *args, **kwargs)
+
+    monkeypatch.setattr(SamplingInputBuilder, "add_request", add_request)
+    async_engine = AsyncLLMEngine(lambda: engine)
+
+    async def main():
+        params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, n=2)
+        return [out async for out in async_engine.generate(PROMPTS["bad"], params, "bad")]
+
+    try:
+        with pytest.raises(EngineGenerateError, match="injected: one child"):
+            asyncio.run(main())
+        for _ in range(100):  # the abort of the sibling reaches the engine thread
+            if not engine.has_unfinished_requests():
+                break
+            asyncio.run(asyncio.sleep(0.02))
+        assert not engine.has_unfinished_requests()
+    finally:
+        async_engine.shutdown()
+
+
 def test_model_step_fault_kills_the_engine_and_fails_every_open_request(model_path):
     async_engine = AsyncLLMEngine.from_engine_args(_args(model_path))
     runner = async_engine.engine.get_model_runner()
