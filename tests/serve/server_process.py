@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -35,11 +36,13 @@ class ServerProcess:
             launcher = ["-c", "import fault_patch, runpy; runpy.run_module('jaxlm.serve', run_name='__main__')"]
         else:
             launcher = ["-m", "jaxlm.serve"]
+        # A file, not a pipe: a full pipe would block the server's logging, and so the server.
+        self._log = tempfile.TemporaryFile("w+", encoding="utf-8")
         pythonpath = os.pathsep.join([str(REPO), str(REPO / "tests" / "serve"), os.environ.get("PYTHONPATH", "")])
         self.proc = subprocess.Popen(
             [sys.executable, *launcher, model, "--port", str(self.port), *TINY_ENGINE_FLAGS, *flags],
             env={**os.environ, "PYTHONPATH": pythonpath, **(env or {})},
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            stdout=self._log, stderr=subprocess.STDOUT, text=True)
         if wait:
             self.wait_healthy()
 
@@ -57,9 +60,10 @@ class ServerProcess:
         raise TimeoutError(f"server not healthy after {timeout} s")
 
     def output(self) -> str:
-        if self.proc.poll() is None:
-            return ""
-        return self.proc.stdout.read() if self.proc.stdout else ""
+        """Everything the process printed so far."""
+        self._log.flush()
+        self._log.seek(0)
+        return self._log.read()
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
         if self.proc.poll() is None:
