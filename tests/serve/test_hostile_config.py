@@ -110,3 +110,19 @@ def test_n_times_prompts_counts_against_the_queue(fake_server_factory):
     r = http.post("/v1/completions", json={"prompt": ["a", "b"], "n": 7, "max_tokens": 2})
     assert r.status_code == 429, r.text
     assert httpx.get(srv.base + "/health").status_code == 200
+
+
+def test_tls_from_ssl_flags(fake_server_factory, tmp_path):
+    import shutil
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl CLI not installed: cannot make a test certificate")
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "1", "-subj", "/CN=127.0.0.1"], check=True, capture_output=True)
+    srv = fake_server_factory(["--ssl-keyfile", str(key), "--ssl-certfile", str(cert)])
+    https = srv.base.replace("http://", "https://")
+    assert httpx.get(https + "/health", verify=False).status_code == 200
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(srv.base + "/health", timeout=5)  # plain HTTP is not served
