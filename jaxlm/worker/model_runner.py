@@ -58,7 +58,6 @@ def _cover(need: SamplerVariant) -> SamplerVariant:
 
 
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
-_STAND_IN_PARAMS = SamplingParams(temperature=0.0, max_tokens=1)
 
 
 def _register_compile_listener(runner: "ModelRunner") -> None:
@@ -270,7 +269,7 @@ class ModelRunner:
             logger.exception("request %s: building its sampling inputs failed", new.req_id)
             self._failed_reqs[new.req_id] = f"{type(e).__name__}: {e}"
             # A neutral greedy stand-in keeps the batch's shapes; its token is never used.
-            self.sampling.add_request(new.req_id, _STAND_IN_PARAMS, (), ())
+            self.sampling.add_request(new.req_id, SamplingParams(temperature=0.0, max_tokens=1), (), ())
 
     def _take_failed(self, req_ids: list[str]) -> dict[str, str]:
         if not self._failed_reqs:
