@@ -32,6 +32,9 @@ class ModelRunnerOutput:
     logprobs: LogprobsLists | None = None
     # req_id -> prompt logprobs of the positions computed this step (same layout as logprobs).
     prompt_logprobs: dict[str, LogprobsLists] = dataclasses.field(default_factory=dict)
+    # req_id -> why that request's host-side work failed this step: it finishes with an error
+    # alone (FinishReason.ERROR) while the rest of the batch goes on.
+    failed_req_ids: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
     @classmethod
@@ -43,6 +46,7 @@ class FinishReason(enum.Enum):
     STOP = "stop"
     LENGTH = "length"
     ABORT = "abort"
+    ERROR = "error"  # failed inside the engine (vLLM's name); the engine goes on
 
     def __str__(self) -> str:
         return self.value

@@ -213,9 +213,13 @@ class Scheduler:
             if request is None or request.status != RequestStatus.RUNNING:
                 continue  # aborted (or finished) while the step ran
             request.num_computed_tokens += num_scheduled
-            kv.cache_blocks(request, request.num_computed_tokens)
             i = req_index.get(rid)
-            sampled = model_runner_output.sampled_token_ids[i] if i is not None else []
+            if rid in model_runner_output.failed_req_ids:
+                request.status = RequestStatus.FINISHED_ERROR  # its blocks stay out of the prefix cache
+                sampled = []
+            else:
+                kv.cache_blocks(request, request.num_computed_tokens)
+                sampled = model_runner_output.sampled_token_ids[i] if i is not None else []
             if request.num_computed_tokens < request.num_tokens:
                 sampled = []  # a partial prefill chunk: its token (if any) is not a real sample
             new_token_ids: list[int] = []

@@ -18,7 +18,8 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
-from jaxlm.engine.exceptions import EngineDeadError, QueueFullError
+from jaxlm.core.outputs import FinishReason
+from jaxlm.engine.exceptions import EngineDeadError, EngineGenerateError, QueueFullError
 from jaxlm.engine.input_processor import make_internal_request_id
 from jaxlm.outputs import RequestOutput
 from jaxlm.sampling_params import SamplingParams
@@ -27,12 +28,13 @@ if TYPE_CHECKING:
     from jaxlm.engine.arg_utils import EngineArgs
     from jaxlm.engine.llm_engine import LLMEngine
 
-__all__ = ["AsyncLLMEngine", "EngineDeadError", "QueueFullError"]
+__all__ = ["AsyncLLMEngine", "EngineDeadError", "EngineGenerateError", "QueueFullError"]
 
 logger = logging.getLogger(__name__)
 
 # Publish engine stats at most this often while busy (always when going idle).
 _STATS_INTERVAL_S = 0.05
+_ERROR = str(FinishReason.ERROR)
 
 
 @dataclasses.dataclass
@@ -71,6 +73,7 @@ class AsyncLLMEngine:
         self._serial = itertools.count()  # internal id suffixes, drawn under self._cv
         self._stats: dict[str, Any] = {}
         self._dead: BaseException | None = None
+        self._died = threading.Event()  # set when the loop dies: the server's watchdog exits
         self._ready = threading.Event()
         self._init_error: BaseException | None = None
         self.engine: "LLMEngine | None" = None
@@ -174,6 +177,25 @@ class AsyncLLMEngine:
             self._commands.append(_Abort(internal_ids))
             self._cv.notify()
 
+    def check_queue_room(self, num_seqs: int) -> None:
+        """QueueFullError, before anything is queued, when num_seqs more sequences (n × prompts
+        of one request) would overflow the waiting queue. From the latest stats snapshot plus
+        the adds not yet taken by the engine thread; LLMEngine checks each add exactly as well."""
+        sched = self.engine_config.scheduler_config
+        limit = getattr(sched, "max_num_queued_reqs", None)
+        if limit is None:
+            return
+        with self._cv:
+            busy = (self._stats.get("num_requests_running", 0) + self._stats.get("num_requests_waiting", 0)
+                    + sum(c.params.n for c in self._commands if isinstance(c, _Add)))
+        if busy + num_seqs - sched.max_num_seqs > limit:
+            raise QueueFullError(f"The waiting queue is full ({limit} requests; this request needs "
+                                 f"{num_seqs}); try again later")
+
+    def wait_until_dead(self, timeout: float | None = None) -> bool:
+        """Blocks until the engine loop has died (not a clean stop); True if it has."""
+        return self._died.wait(timeout)
+
     async def check_health(self) -> None:
         if not self.is_running:
             raise self.dead_error
@@ -206,6 +228,7 @@ class AsyncLLMEngine:
             logger.exception("engine loop died")
             self._dead = e
             self._fail_all(self.dead_error)
+            self._died.set()
         else:
             self._fail_all(EngineDeadError("engine is stopped"))
 
@@ -232,7 +255,7 @@ class AsyncLLMEngine:
             if engine.has_unfinished_requests():
                 outputs = engine.step_routed()
                 if outputs:
-                    self._dispatch(outputs)
+                    self._dispatch(engine, outputs)
                 now = time.monotonic()
                 if now - last_stats >= _STATS_INTERVAL_S:
                     self._publish_stats(engine)
@@ -252,17 +275,26 @@ class AsyncLLMEngine:
             if stream is not None:
                 stream.loop.call_soon_threadsafe(stream.queue.put_nowait, e)
 
-    def _dispatch(self, outputs: list[tuple[str, RequestOutput]]) -> None:
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, RequestOutput]]] = {}
+    def _dispatch(self, engine: "LLMEngine", outputs: list[tuple[str, RequestOutput]]) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, RequestOutput | BaseException]]] = {}
+        failed: list[str] = []
         with self._cv:
             for internal_id, out in outputs:
+                item: RequestOutput | BaseException = out
+                if any(o.finish_reason == _ERROR for o in out.outputs):  # failed alone: its caller gets the error
+                    why = engine.pop_request_error(internal_id) or "unknown error"
+                    item = EngineGenerateError(f"request {out.request_id!r} failed in the engine: {why}")
+                    out.finished = True
+                    failed.append(internal_id)
                 stream = self._streams.get(internal_id)
                 if stream is None:
                     continue  # aborted meanwhile
-                by_loop.setdefault(stream.loop, []).append((stream.queue, out))
+                by_loop.setdefault(stream.loop, []).append((stream.queue, item))
             for internal_id, out in outputs:  # after the loop: n > 1 gives several outputs a step
                 if out.finished:
                     self._streams.pop(internal_id, None)
+        if failed:  # n > 1: the failed request's other sequences stop too
+            engine.abort_request(failed, internal=True)
         for loop, items in by_loop.items():
             try:
                 loop.call_soon_threadsafe(_put_all, items)
@@ -289,7 +321,7 @@ class AsyncLLMEngine:
             logger.exception("get_stats failed")
 
 
-def _put_all(items: list[tuple[asyncio.Queue, RequestOutput]]) -> None:
+def _put_all(items: list[tuple[asyncio.Queue, RequestOutput | BaseException]]) -> None:
     for queue, out in items:
         queue.put_nowait(out)
 

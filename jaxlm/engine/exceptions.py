@@ -9,3 +9,8 @@ class QueueFullError(ValueError):
 
 class EngineDeadError(RuntimeError):
     """The engine loop died; no request can be served any more (the server answers 503)."""
+
+
+class EngineGenerateError(RuntimeError):
+    """One request failed inside the engine (vLLM's name); the engine goes on serving the
+    others (the server answers 500 for that request alone)."""

@@ -19,7 +19,8 @@ from jaxlm.engine.output_processor import OutputProcessor, ParentRequest
 from jaxlm.executor.abstract import Executor
 from jaxlm.config import EngineConfig
 from jaxlm.model_loader import get_tokenizer, resolve_model_config
-from jaxlm.outputs import RequestOutput
+from jaxlm.core.outputs import FinishReason
+from jaxlm.outputs import CompletionOutput, RequestOutput
 from jaxlm.sample.builder import SamplingInputBuilder
 from jaxlm.sampling_params import SamplingParams
 
@@ -70,6 +71,8 @@ class LLMEngine:
         # Internal ids (client id + serial) of unfinished requests.
         self._live_ids: set[str] = set()
         self._serial = itertools.count()
+        # Routing (internal) id -> why it failed, for requests finished with FinishReason.ERROR.
+        self._request_errors: dict[str, str] = {}
         self.generation_tokens_total = 0
         self._last_log = time.monotonic()
         self._last_log_tokens = (0, 0)
@@ -187,11 +190,13 @@ class LLMEngine:
         returned: AsyncLLMEngine routes by it, never by the client's id."""
         scheduler_output = self.scheduler.schedule()
         runner_output = self.executor.execute_model(scheduler_output)
+        for core_id, why in runner_output.failed_req_ids.items():
+            self._note_error(core_id, why)
         core_outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
         if self._deferred:
             self._release_siblings(core_outputs)
         self.generation_tokens_total += sum(len(o.new_token_ids) for o in core_outputs)
-        routed, to_abort = self.output_processor.process_outputs(core_outputs)
+        routed, to_abort = self._process_outputs(core_outputs)
         for internal_id, out in routed:
             if out.finished:
                 self._live_ids.discard(internal_id)
@@ -199,6 +204,56 @@ class LLMEngine:
             self.scheduler.finish_requests(to_abort, RequestStatus.FINISHED_STOPPED)
         self._maybe_log_stats()
         return routed
+
+    # ---- fault containment ------------------------------------------------------------------
+
+    def pop_request_error(self, internal_id: str) -> str | None:
+        """Why a request that finished with finish_reason "error" failed (once; None if it did not)."""
+        return self._request_errors.pop(internal_id, None)
+
+    def _process_outputs(self, core_outputs: list) -> tuple[list[tuple[str, RequestOutput]], list[str]]:
+        """The output processor one request at a time: a failure in one request's detokenization,
+        stop strings or logprobs fails that request alone (FinishReason.ERROR)."""
+        routed: list[tuple[str, RequestOutput]] = []
+        to_abort: list[str] = []
+        for out in core_outputs:
+            try:
+                one_routed, one_abort = self.output_processor.process_outputs([out])
+            except Exception as e:  # noqa: BLE001 - attributed to this request only
+                logger.exception("request %s: processing its output failed", out.req_id)
+                failed = self._fail_request(out.req_id, f"{type(e).__name__}: {e}")
+                routed.extend(failed)
+                continue
+            routed.extend(one_routed)
+            to_abort.extend(one_abort)
+        return routed, to_abort
+
+    def _routing_id(self, core_id: str) -> str:
+        state = self.output_processor.request_states.get(core_id)
+        return state.parent.request_id if state is not None and state.parent else core_id
+
+    def _note_error(self, core_id: str, why: str) -> None:
+        self._request_errors.setdefault(self._routing_id(core_id), why)
+
+    def _fail_request(self, core_id: str, why: str) -> list[tuple[str, RequestOutput]]:
+        """Ends a request (all of its n children) with FinishReason.ERROR: its KV blocks are
+        freed and its caller gets one final output without text."""
+        state = self.output_processor.request_states.get(core_id)
+        if state is None:
+            return []
+        routing_id = self._routing_id(core_id)
+        self._request_errors.setdefault(routing_id, why)
+        core_ids = self.output_processor.abort_requests([routing_id])
+        for cid in core_ids:
+            self._deferred.pop(cid, None)
+        self.scheduler.finish_requests(core_ids, RequestStatus.FINISHED_ERROR)
+        self._live_ids.discard(routing_id)
+        failed = CompletionOutput(index=state.index, text="", token_ids=[], cumulative_logprob=None,
+                                  logprobs=None, finish_reason=str(FinishReason.ERROR))
+        external = state.parent.external_req_id if state.parent else state.external_req_id
+        return [(routing_id, RequestOutput(
+            request_id=external, prompt=state.prompt, prompt_token_ids=state.prompt_token_ids,
+            prompt_logprobs=None, outputs=[failed], finished=True, metrics=state.metrics))]
 
     def _release_siblings(self, core_outputs) -> None:
         for out in core_outputs:

@@ -8,15 +8,26 @@ from typing import Sequence
 
 from jaxlm.serve.cli_args import make_arg_parser
 
+logger = logging.getLogger("jaxlm.serve")
+
 
 def main(argv: Sequence[str] | None = None, prog: str = "python -m jaxlm.serve") -> int:
+    """0 after a clean stop (SIGTERM or Ctrl-C), 1 when the port is taken or the engine died,
+    130 for Ctrl-C while the model loads."""
     args = make_arg_parser(prog).parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # Imported after parsing: --help and flag errors never load jax, fastapi or the engine.
-    from jaxlm.serve.api_server import run_server
+    try:
+        # Imported after parsing: --help and flag errors never load jax, fastapi or the engine.
+        from jaxlm.serve.api_server import AddressInUseError, run_server
 
-    run_server(args)
-    return 0
+        try:
+            return run_server(args)
+        except AddressInUseError as e:
+            logger.error("%s", e)
+            return 1
+    except KeyboardInterrupt:  # Ctrl-C before serving started: no traceback
+        logger.info("interrupted")
+        return 130
 
 
 if __name__ == "__main__":

@@ -38,6 +38,20 @@ def _json_list(text: str) -> list:
         raise argparse.ArgumentTypeError(f"{text!r} is not a JSON list: {e}") from e
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number of seconds")
+    return value
+
+
 def _add_server_args(parser: argparse.ArgumentParser) -> None:
     server = parser.add_argument_group("server", "HTTP front end (vLLM's flags)")
     server.add_argument("model_tag", nargs="?", metavar="MODEL", default=None,
@@ -45,8 +59,10 @@ def _add_server_args(parser: argparse.ArgumentParser) -> None:
     server.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 = every interface)")
     server.add_argument("--port", type=int, default=8000, help="TCP port to listen on")
     server.add_argument("--api-key", action="extend", nargs="+", default=None,
-                        help="accepted 'Authorization: Bearer KEY' keys on /v1/*, several allowed "
-                             "(None: $JAXLM_API_KEY, else $VLLM_API_KEY, else no check)")
+                        help="accepted 'Authorization: Bearer KEY' keys on every route but /health, /version "
+                             "and /metrics, several allowed (None: $JAXLM_API_KEY, else $VLLM_API_KEY, else no check)")
+    server.add_argument("--guard-probes", action="store_true",
+                        help="require the API key on /health, /version and /metrics too")
     server.add_argument("--allowed-origins", type=_json_list, default=["*"], help="CORS origins (JSON list)")
     server.add_argument("--allowed-methods", type=_json_list, default=["*"], help="CORS methods (JSON list)")
     server.add_argument("--allowed-headers", type=_json_list, default=["*"], help="CORS headers (JSON list)")
@@ -54,6 +70,18 @@ def _add_server_args(parser: argparse.ArgumentParser) -> None:
     server.add_argument("--root-path", default=None, help="path prefix when served behind a proxy (ASGI root_path)")
     server.add_argument("--ssl-keyfile", default=None, help="TLS private key file")
     server.add_argument("--ssl-certfile", default=None, help="TLS certificate file")
+    server.add_argument("--trust-request-chat-template", action="store_true",
+                        help="accept a chat template in a request (chat_template, chat_template_kwargs); "
+                             "rendered in a Jinja sandbox with --chat-template-timeout")
+    server.add_argument("--chat-template-timeout", type=_positive_float, default=5.0,
+                        help="seconds a request's chat template may take to render; past it the request fails")
+    server.add_argument("--max-request-body-bytes", type=_positive_int, default=4 * 1024 * 1024,
+                        help="largest request body accepted (413 beyond it)")
+    server.add_argument("--request-header-timeout", type=_positive_float, default=15.0,
+                        help="seconds a client may take to send a request's headers, or to send the next "
+                             "body chunk, before the connection is dropped")
+    server.add_argument("--max-prompts-per-request", type=_positive_int, default=64,
+                        help="most prompts one /v1/completions request may batch")
     server.add_argument("--shutdown-timeout", type=int, default=30,
                         help="seconds in-flight requests may run after SIGTERM before they are aborted")
     server.add_argument("--uvicorn-log-level", default="info", choices=_LOG_LEVELS, help="uvicorn's log level")

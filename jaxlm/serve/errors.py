@@ -10,7 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from jaxlm.engine.exceptions import EngineDeadError, QueueFullError
+from jaxlm.engine.exceptions import EngineDeadError, EngineGenerateError, QueueFullError
 from jaxlm.serve.protocol import ErrorInfo, ErrorResponse
 
 logger = logging.getLogger(__name__)
@@ -55,6 +55,8 @@ def to_openai_error(exc: BaseException) -> OpenAIError:
         return OpenAIError(str(exc), 429)
     if isinstance(exc, EngineDeadError):
         return OpenAIError(str(exc), 503)
+    if isinstance(exc, EngineGenerateError):  # this request alone failed; logged by the engine
+        return OpenAIError(str(exc), 500)
     if isinstance(exc, (ValueError, TypeError, OverflowError)):
         return OpenAIError(str(exc), 400)
     logger.exception("internal error", exc_info=exc)

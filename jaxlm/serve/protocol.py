@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from typing import Any, Literal
@@ -213,10 +214,13 @@ def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
     if not bias:
         return None
     try:
-        # OpenAI clamps biases to [-100, 100].
-        return {int(k): max(-100.0, min(100.0, float(v))) for k, v in bias.items()}
+        ids = [int(k) for k in bias]
     except ValueError as e:
         raise ValueError(f"logit_bias keys must be token ids, got {list(bias)!r}") from e
+    if not all(math.isfinite(v) for v in bias.values()):  # NaN would clamp to a silent +100
+        raise ValueError("logit_bias values must be finite numbers")
+    # OpenAI clamps biases to [-100, 100].
+    return {i: max(-100.0, min(100.0, float(v))) for i, v in zip(ids, bias.values())}
 
 
 # ------------------------------------------------------------------- completions

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from jaxlm.outputs import Logprob
+from jaxlm.serve.chat_template import render_chat_request
 from jaxlm.serve.errors import OpenAIError
 from jaxlm.serve.protocol import (
     ChatCompletionLogProb,
@@ -73,9 +74,7 @@ class OpenAIServingChat(OpenAIServing):
         self.check_engine()
         model = self.check_model(request.model)
         self.check_request_fields(request)
-        ids = self.render(request.messages, request.add_generation_prompt,
-                          request.continue_final_message, request.chat_template_kwargs,
-                          request.add_special_tokens)
+        ids = await render_chat_request(self, request)  # off the event loop; request templates gated
         ids = self.truncate(ids, request.truncate_prompt_tokens)
         self.check_token_ids(ids)
         max_tokens = self.resolve_max_tokens(len(ids), request.requested_max_tokens())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 
@@ -65,7 +66,7 @@ class OpenAIServingCompletion(OpenAIServing):
         if request.max_tokens == 0 and not request.echo:
             raise OpenAIError("max_tokens must be at least 1 (0 only with echo: scoring the prompt)", 400,
                               "max_tokens")
-        prompts = self._prompts(request)
+        prompts = await asyncio.to_thread(self._prompts, request)  # tokenization off the event loop
         request_id = f"cmpl-{request.request_id or random_uuid()}"
         generators = []
         for i, (_, ids) in enumerate(prompts):

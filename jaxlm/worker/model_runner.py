@@ -45,6 +45,7 @@ from jaxlm.core.sched_output import SchedulerOutput
 from jaxlm.sample.builder import SamplingInputBuilder
 from jaxlm.sample.metadata import SERVING_VARIANTS, SamplerVariant
 from jaxlm.sample.sampler import compute_prompt_logprobs, sample
+from jaxlm.sampling_params import SamplingParams
 from jaxlm.worker.buckets import (
     decode_buckets, default_seq_buckets, default_token_buckets, pick_bucket, prompt_logprobs_buckets,
     validate_buckets)
@@ -139,6 +140,8 @@ class ModelRunner:
         self.num_real_tokens = 0
         self.num_padded_tokens = 0
         self._in_step = False
+        # req_id -> error text, for requests that fail alone (reported in the step's output).
+        self._failed_reqs: dict[str, str] = {}
         _register_compile_listener(self)
 
     # ---- KV cache -------------------------------------------------------------------------
@@ -253,7 +256,7 @@ class ModelRunner:
             self.prompt_logprobs.finish_request(req_id)
         for new in so.scheduled_new_reqs:
             self.sampling.remove_request(new.req_id)
-            self.sampling.add_request(new.req_id, new.sampling_params, new.prompt_token_ids, new.output_token_ids)
+            self._add_sampling_request(new)
             if new.sampling_params.prompt_logprobs is not None:
                 self.prompt_logprobs.add_request(new.req_id, len(new.prompt_token_ids))
 
@@ -285,7 +288,25 @@ class ModelRunner:
             sampled_token_ids=[[sampled[r]] if r in sampled else [] for r in inputs.req_ids],
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
+            failed_req_ids=self._take_failed(inputs.req_ids),
         )
+
+    # ---- fault containment: a request whose host-side sampling state cannot be built fails
+    # alone (the scheduler finishes it with FinishReason.ERROR); the batch goes on.
+
+    def _add_sampling_request(self, new: Any) -> None:
+        try:
+            self.sampling.add_request(new.req_id, new.sampling_params, new.prompt_token_ids, new.output_token_ids)
+        except Exception as e:  # noqa: BLE001 - attributed to this request only
+            logger.exception("request %s: building its sampling inputs failed", new.req_id)
+            self._failed_reqs[new.req_id] = f"{type(e).__name__}: {e}"
+            # A neutral greedy stand-in keeps the batch's shapes; its token is never used.
+            self.sampling.add_request(new.req_id, SamplingParams(temperature=0.0, max_tokens=1), (), ())
+
+    def _take_failed(self, req_ids: list[str]) -> dict[str, str]:
+        if not self._failed_reqs:
+            return {}
+        return {r: self._failed_reqs.pop(r) for r in req_ids if r in self._failed_reqs}
 
     def _sample_tokens(self, inputs: StepInputs, hidden: jax.Array) -> tuple[dict[str, int], LogprobsLists | None]:
         if not inputs.sample_req_ids:
