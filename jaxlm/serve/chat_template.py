@@ -44,8 +44,8 @@ class TemplateTimeoutError(RuntimeError):
 
 
 def request_template(request: Any) -> str | None:
-    """The template a chat request carries: the `chat_template` field (an extra field of the
-    request model) or chat_template_kwargs["chat_template"], as vLLM reads them."""
+    """The template a chat request carries: the `chat_template` field or
+    chat_template_kwargs["chat_template"], as vLLM reads them."""
     template = getattr(request, "chat_template", None)
     kwargs = getattr(request, "chat_template_kwargs", None) or {}
     if template is None and "chat_template" in kwargs:

@@ -55,7 +55,6 @@ UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
     "return_token_ids": (),
     "mm_processor_kwargs": (),
     "documents": (),
-    "chat_template": (),
     "reasoning_effort": (),
     "include_reasoning": (True,),
     "modalities": (["text"],),
@@ -299,6 +298,8 @@ class ChatCompletionRequest(SamplingRequest):
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    # A template sent by the client: refused unless --trust-request-chat-template (chat_template.py).
+    chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     # The chat template carries BOS already (vLLM's default).
     add_special_tokens: bool = False
