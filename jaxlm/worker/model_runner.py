@@ -30,7 +30,8 @@ from jaxlm.core.sched_output import SchedulerOutput
 from jaxlm.sample.builder import SamplingInputBuilder
 from jaxlm.sample.metadata import SamplerVariant
 from jaxlm.sample.sampler import compute_prompt_logprobs, sample
-from jaxlm.worker.buckets import default_seq_buckets, default_token_buckets, pick_bucket, validate_buckets
+from jaxlm.worker.buckets import (PaddingStats, default_seq_buckets, default_token_buckets, pick_bucket,
+                                 validate_buckets)
 from jaxlm.worker.input_batch import InputBatch, StepInputs
 
 logger = logging.getLogger(__name__)
@@ -110,6 +111,7 @@ class ModelRunner:
         # Padding waste: real vs padded tokens over all steps (scripts/bench.py reports it).
         self.num_real_tokens = 0
         self.num_padded_tokens = 0
+        self.padding = PaddingStats()
         self._in_step = False
         _register_compile_listener(self)
 
@@ -228,6 +230,10 @@ class ModelRunner:
         inputs = self.input_batch.prepare_inputs(so, T, self._rows_for(T), self.sample_capacity)
         self.num_real_tokens += inputs.num_tokens
         self.num_padded_tokens += T
+        R = self._rows_for(T)
+        self.padding.record(inputs.num_tokens, T, len(inputs.req_ids), R,
+                            int((-(-inputs.seq_lens[: len(inputs.req_ids)] // self.block_size)).sum()),
+                            R * self.input_batch.max_pages)
         hidden, hidden_all, self.kv_caches = self._body[T](
             self.params, self.kv_caches, *self._device_inputs(inputs))
         prompt_logprobs = self._prompt_logprobs(inputs, hidden_all, T) if self._prompt_lp_reqs else {}
@@ -240,6 +246,7 @@ class ModelRunner:
             md = self.sampling.build(inputs.sample_req_ids, S, min_variant=variant)
             out = self._sample[(S, variant)](self.params, hidden, md)
             n = len(inputs.sample_req_ids)
+            self.padding.record_samples(n, S)
             token_ids = np.asarray(out.sampled_token_ids)[:n].tolist()
             for req_id, tok in zip(inputs.sample_req_ids, token_ids):
                 sampled[req_id] = tok
