@@ -17,7 +17,6 @@ Workloads: see jaxlm/benchmarks/workload.py. The host's speed drifts: compare fi
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import shutil
@@ -31,12 +30,12 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import bench_engine  # noqa: E402  (scripts/bench_engine.py: what runs inside the engine processes)
 
-from jaxlm.benchmarks.workload import Workload, WorkloadRequest, load_workload  # noqa: E402
+from jaxlm.benchmarks.workload import Workload, load_workload  # noqa: E402
 from jaxlm.config import CacheConfig, SchedulerConfig  # noqa: E402
 from jaxlm.worker.bucket_planner import derive_buckets, parse_bucket_spec  # noqa: E402
 
 
-def _model_info(args) -> tuple[int, object]:
+def _model_info(args) -> tuple[int, object, object]:
     """(vocab size, tokenizer) without touching an accelerator (the engine processes own it)."""
     import jax
 
@@ -117,7 +116,8 @@ def _fmt_ms(d: dict | None) -> str:
 
 
 def print_table(results: list[dict], hf: dict | None) -> None:
-    head = (f"{'config':<14}{'progs':>6}{'warm cold s':>12}{'warm cache s':>13}{'pad tok/row/page/samp %':>25}"
+    w0 = max([14] + [len(r["name"]) + 2 for r in results])
+    head = (f"{'config':<{w0}}{'progs':>6}{'warm cold s':>12}{'warm cache s':>13}{'pad tok/row/page/samp %':>25}"
             f"{'out tok/s':>10}{'TTFT p50/p99 ms':>17}{'TPOT p50/p99 ms':>17}{'RSS MB':>8}{'dev MB':>8}")
     print(head)
     for r in results:
@@ -125,11 +125,11 @@ def print_table(results: list[dict], hf: dict | None) -> None:
         pad = "/".join(f"{100 * w[k]:.1f}" for k in ("tokens", "rows", "pages", "samples"))
         cached = f"{r['warmup_cached_s']:.1f}" if "warmup_cached_s" in r else "-"
         dev = f"{r['peak_device_mb']:.0f}" if r.get("peak_device_mb") else "-"
-        print(f"{r['name']:<14}{r['programs']:>6}{r['warmup_cold_s']:>12.1f}{cached:>13}{pad:>25}"
+        print(f"{r['name']:<{w0}}{r['programs']:>6}{r['warmup_cold_s']:>12.1f}{cached:>13}{pad:>25}"
               f"{r['output_tok_s']:>10.1f}{_fmt_ms(r['ttft_s']):>17}{_fmt_ms(r['tpot_s']):>17}"
               f"{r['peak_rss_mb']:>8.0f}{dev:>8}")
     if hf:
-        print(f"{'transformers':<14}{'':>6}{'':>12}{'':>13}{'':>25}{hf['output_tok_s']:>10.1f}"
+        print(f"{'transformers':<{w0}}{'':>6}{'':>12}{'':>13}{'':>25}{hf['output_tok_s']:>10.1f}"
               f"{'':>17}{'':>17}{hf['peak_rss_mb']:>8.0f}{'':>8}")
         for r in results:
             print(f"  {r['name']}: {r['output_tok_s'] / hf['output_tok_s']:.2f}x transformers' output tok/s")
@@ -142,7 +142,8 @@ def print_roofline(rf: dict) -> None:
     print(f"roofline ({rf['device']}): memory bandwidth {rf['bandwidth_gb_s']:.1f} GB/s, "
           f"matmul {rf['matmul_gflop_s']:.1f} GFLOP/s (measured with jax)")
     print(f"  batch-1 decode {rf['b1_decode_tok_s']:.1f} tok/s = {rf['b1_pct_of_bandwidth_bound']:.0%} of the "
-          f"bandwidth bound {rf['b1_bandwidth_bound_tok_s']:.1f} tok/s ({rf['bytes_per_token'] / 1e6:.0f} MB read a token)")
+          f"bandwidth bound {rf['b1_bandwidth_bound_tok_s']:.1f} tok/s "
+          f"({rf['bytes_per_token'] / 1e6:.0f} MB read a token)")
     print(f"  batched run {rf['batched_gflop_s']:.1f} GFLOP/s = {rf['batched_pct_of_compute_bound']:.1%} of the "
           f"matmul bound")
 

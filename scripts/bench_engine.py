@@ -123,7 +123,8 @@ def roofline(llm, served: dict, padding) -> dict:
     weight_bytes = sum(getattr(x, "nbytes", 0) for x in jax.tree.leaves(runner.params))
     itemsize = runner.kv_caches[0].dtype.itemsize
     spec = runner.kv_cache_spec
-    prompt_len, out_len = 128, 64
+    prompt_len = min(128, runner.max_model_len // 2)
+    out_len = min(64, runner.max_model_len - prompt_len)
     rng = np.random.default_rng(1)
     rates = []
     for _ in range(3):
@@ -145,7 +146,8 @@ def roofline(llm, served: dict, padding) -> dict:
     achieved = flops / served["total_s"]
     return dict(limits, weight_bytes=weight_bytes, bytes_per_token=bytes_per_token, b1_decode_tok_s=b1,
                 b1_bandwidth_bound_tok_s=bound, b1_pct_of_bandwidth_bound=b1 / bound,
-                batched_gflop_s=achieved / 1e9, batched_pct_of_compute_bound=achieved / (limits["matmul_gflop_s"] * 1e9))
+                batched_gflop_s=achieved / 1e9,
+                batched_pct_of_compute_bound=achieved / (limits["matmul_gflop_s"] * 1e9))
 
 
 def run(spec: dict) -> dict:
