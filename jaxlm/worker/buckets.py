@@ -41,9 +41,9 @@ def default_seq_buckets(max_num_seqs: int) -> list[int]:
 
 def default_token_buckets(budget: int) -> list[int]:
     """Powers of 2 up to the step budget. Measured against powers of 4 over decode sizes
-    (`scripts/bench.py --bucket-configs`): 6 more programs, but padding waste 0.8% vs 26% and
-    +16% output tok/s on a mixed workload; the compile cache makes the extra programs a
-    one-time cost."""
+    (`scripts/bench.py --buckets pow2 1,4,16,64,128,256,512`): 6 more programs, but padding
+    waste 0.8% vs 26% and +16% output tok/s on a mixed workload; the compile cache makes the
+    extra programs a one-time cost. `auto` (jaxlm/worker/bucket_planner.py) fits them to a workload."""
     return powers_of_two_up_to(budget)
 
 
