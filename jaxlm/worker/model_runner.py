@@ -47,8 +47,8 @@ from jaxlm.sample.metadata import SERVING_VARIANTS, SamplerVariant
 from jaxlm.sample.sampler import compute_prompt_logprobs, sample
 from jaxlm.sampling_params import SamplingParams
 from jaxlm.worker.buckets import (
-    decode_buckets, default_seq_buckets, default_token_buckets, pick_bucket, prompt_logprobs_buckets,
-    validate_buckets)
+    PaddingStats, decode_buckets, default_seq_buckets, default_token_buckets, pick_bucket,
+    prompt_logprobs_buckets, validate_buckets)
 from jaxlm.worker.input_batch import InputBatch, StepInputs
 from jaxlm.worker.prompt_logprobs import PromptLogprobsTracker
 
@@ -136,9 +136,8 @@ class ModelRunner:
         self.warmup_seconds = 0.0
         # Guard: XLA compiles seen while a step runs (must stay 0 after warm-up).
         self.num_compiles_after_warmup = 0
-        # Padding waste: real vs padded tokens over all steps (scripts/bench.py reports it).
-        self.num_real_tokens = 0
-        self.num_padded_tokens = 0
+        # Padding waste: real vs computed tokens, rows, pages, samples (scripts/bench.py reports it).
+        self.padding = PaddingStats()
         self._in_step = False
         # req_id -> error text, for requests that fail alone (reported in the step's output).
         self._failed_reqs: dict[str, str] = {}
@@ -275,8 +274,7 @@ class ModelRunner:
         kind = self._body_kind(so)
         T = pick_bucket(so.total_num_scheduled_tokens, self.body_buckets()[kind])
         inputs = self.input_batch.prepare_inputs(so, T, self._rows_for(T), self.sample_capacity)
-        self.num_real_tokens += inputs.num_tokens
-        self.num_padded_tokens += T
+        self._record_padding(inputs, T)
         outs = self._body[(T, kind)](self.params, self.kv_caches, *self._device_inputs(inputs, kind))
         hidden, self.kv_caches = outs[0], outs[-1]
         prompt_logprobs = self._prompt_logprobs(inputs, outs[1]) if kind == PROMPT_LOGPROBS else {}
@@ -290,6 +288,11 @@ class ModelRunner:
             prompt_logprobs=prompt_logprobs,
             failed_req_ids=self._take_failed(inputs.req_ids),
         )
+
+    def _record_padding(self, inputs: StepInputs, T: int) -> None:
+        R, num_rows = self._rows_for(T), len(inputs.req_ids)
+        real_pages = int((-(-inputs.seq_lens[:num_rows] // self.block_size)).sum())
+        self.padding.record(inputs.num_tokens, T, num_rows, R, real_pages, R * self.input_batch.max_pages)
 
     # ---- fault containment: a request whose host-side sampling state cannot be built fails
     # alone (the scheduler finishes it with FinishReason.ERROR); the batch goes on.
@@ -316,6 +319,7 @@ class ModelRunner:
         variant = self.sampling.variant_of(inputs.sample_req_ids)  # once per step
         md = self.sampling.build(inputs.sample_req_ids, S, variant)
         out = self._sample[(S, variant)](self.params, hidden, md)
+        self.padding.record_samples(n, S)
         token_ids = np.asarray(out.sampled_token_ids)[:n].tolist()
         sampled = dict(zip(inputs.sample_req_ids, token_ids))
         for req_id, tok in sampled.items():

@@ -1,0 +1,227 @@
+"""The engine side of scripts/bench.py: one process per bucket configuration and phase.
+
+    python scripts/bench_engine.py SPEC.json OUT.json
+
+SPEC: {"label", "phase": "warmup" | "serve", "engine": LLM(...) keywords, "workload": path,
+"roofline": bool}. "warmup" builds the engine (compiling every program) and reports the warm-up;
+"serve" also runs the workload with its arrival times and reports throughput, latency, padding
+and memory; with "roofline" it then measures this machine's bandwidth and matmul limits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# Peaks of known accelerators (bytes/s of memory, dense bf16 FLOP/s), reported next to the measured ones.
+_SPEC_PEAKS = {"H100": (3.35e12, 989e12), "H200": (4.8e12, 989e12), "A100": (2.0e12, 312e12)}
+
+
+def _pcts(xs: list[float]) -> dict | None:
+    if not xs:
+        return None
+    return {"p50": float(np.percentile(xs, 50)), "p99": float(np.percentile(xs, 99)), "mean": float(np.mean(xs))}
+
+
+def _peak_device_mb() -> float | None:
+    import jax
+
+    stats = jax.devices()[0].memory_stats() or {}
+    peak = stats.get("peak_bytes_in_use")
+    return peak / 2**20 if peak else None
+
+
+def serve_workload(llm, requests: list[dict], label: str) -> dict:
+    """Adds each request at its arrival time, steps until all finish; per-request latencies."""
+    from tqdm import tqdm
+
+    from jaxlm import SamplingParams
+
+    engine = llm.llm_engine
+    pending = sorted(enumerate(requests), key=lambda x: x[1]["arrival_time"])[::-1]
+    done = []
+    bar = tqdm(total=len(requests), desc=f"{label}", unit="req", dynamic_ncols=True)
+    start = time.time()
+    while pending or engine.has_unfinished_requests():
+        now = time.time() - start
+        while pending and pending[-1][1]["arrival_time"] <= now:
+            i, r = pending.pop()
+            params = SamplingParams(temperature=0.0, max_tokens=r["output_len"], ignore_eos=True)
+            engine.add_request(f"r{i}", {"prompt_token_ids": r["prompt_token_ids"]}, params,
+                               arrival_time=start + r["arrival_time"])
+        if engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    done.append(out)
+                    bar.update(1)
+        elif pending:
+            time.sleep(min(pending[-1][1]["arrival_time"] - now, 0.05))
+    elapsed = time.time() - start
+    bar.close()
+    ttft, tpot, n_out = [], [], 0
+    for o in done:
+        m, n = o.metrics, len(o.outputs[0].token_ids)
+        n_out += n
+        ttft.append(m.first_token_ts - m.arrival_time)
+        if n > 1:
+            tpot.append((m.last_token_ts - m.first_token_ts) / (n - 1))
+    return {"output_tok_s": n_out / elapsed, "total_s": elapsed, "num_output_tokens": n_out,
+            "ttft_s": _pcts(ttft), "tpot_s": _pcts(tpot)}
+
+
+def _median_seconds(fn, reps: int = 5) -> float:
+    fn()  # compile + first touch
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def machine_limits() -> dict:
+    """Memory read bandwidth (a jitted sum) and matmul throughput, measured with jax."""
+    import jax
+    import jax.numpy as jnp
+
+    dev = jax.devices()[0]
+    gpu = dev.platform == "gpu"
+    n = (1 << 28) if gpu else (1 << 26)  # 1 GiB / 256 MiB of float32
+    x = jnp.ones(n, jnp.float32)
+    total = jax.jit(lambda a: a.sum())
+    bw = 4 * n / _median_seconds(lambda: total(x).block_until_ready())
+    m = 8192 if gpu else 2048
+    dtype = jnp.bfloat16 if gpu else jnp.float32
+    a = jnp.ones((m, m), dtype)
+    mm = jax.jit(lambda p, q: p @ q)
+    flops = 2 * m**3 / _median_seconds(lambda: mm(a, a).block_until_ready())
+    out = {"device": dev.device_kind, "bandwidth_gb_s": bw / 1e9, "matmul_gflop_s": flops / 1e9,
+           "matmul_dtype": str(np.dtype(dtype))}
+    for name, (spec_bw, spec_flops) in _SPEC_PEAKS.items():
+        if name in dev.device_kind:
+            out.update(spec_bandwidth_gb_s=spec_bw / 1e9, spec_bf16_gflop_s=spec_flops / 1e9)
+    return out
+
+
+def roofline(llm, served: dict, padding) -> dict:
+    """Batch-1 decode vs the bandwidth bound; the served run vs the matmul bound."""
+    import jax
+
+    from jaxlm import SamplingParams
+
+    runner = llm.llm_engine.get_model_runner()
+    hf = llm.llm_engine.model_config.hf_config
+    limits = machine_limits()
+    weight_bytes = sum(getattr(x, "nbytes", 0) for x in jax.tree.leaves(runner.params))
+    itemsize = runner.kv_caches[0].dtype.itemsize
+    spec = runner.kv_cache_spec
+    prompt_len = min(128, runner.max_model_len // 2)
+    out_len = min(64, runner.max_model_len - prompt_len)
+    rng = np.random.default_rng(1)
+    rates = []
+    for _ in range(3):
+        ids = rng.integers(100, runner.vocab_size - 100, prompt_len).tolist()
+        [o] = llm.generate([{"prompt_token_ids": ids}],
+                           SamplingParams(temperature=0.0, max_tokens=out_len, ignore_eos=True), use_tqdm=False)
+        m = o.metrics
+        rates.append((len(o.outputs[0].token_ids) - 1) / (m.last_token_ts - m.first_token_ts))
+    # Every decode step reads all weights plus the K/V of its context (mean context over the decode).
+    kv_bytes = 2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * itemsize * (prompt_len + out_len / 2)
+    bytes_per_token = weight_bytes + kv_bytes
+    bound = limits["bandwidth_gb_s"] * 1e9 / bytes_per_token
+    b1 = statistics.median(rates)
+    # FLOPs: 2 per weight per computed token, except the logits matmul, run only for sampled rows.
+    params = sum(getattr(x, "size", 0) for x in jax.tree.leaves(runner.params))
+    vh = int(hf.vocab_size) * int(hf.hidden_size)
+    embeddings = vh if getattr(hf, "tie_word_embeddings", False) else 2 * vh
+    flops = 2 * (params - embeddings) * padding.real_tokens + 2 * vh * padding.real_samples
+    achieved = flops / served["total_s"]
+    return dict(limits, weight_bytes=weight_bytes, bytes_per_token=bytes_per_token, b1_decode_tok_s=b1,
+                b1_bandwidth_bound_tok_s=bound, b1_pct_of_bandwidth_bound=b1 / bound,
+                batched_gflop_s=achieved / 1e9,
+                batched_pct_of_compute_bound=achieved / (limits["matmul_gflop_s"] * 1e9))
+
+
+def run(spec: dict) -> dict:
+    from jaxlm import LLM
+
+    llm = LLM(**spec["engine"])
+    runner = llm.llm_engine.get_model_runner()
+    res = {"programs": runner.num_programs, "warmup_s": runner.warmup_seconds}
+    if spec["phase"] == "serve":
+        with open(spec["workload"]) as f:
+            requests = json.load(f)
+        res.update(serve_workload(llm, requests, spec["label"]))
+        res["padding_waste"] = runner.padding.waste()
+        res["compiles_after_warmup"] = runner.num_compiles_after_warmup
+        res["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        res["peak_device_mb"] = _peak_device_mb()
+        if spec.get("roofline"):
+            res["roofline"] = roofline(llm, res, runner.padding)
+    return res
+
+
+def bench_sampling(model: str | None, dtype: str = "auto", input_len: int = 128, output_len: int = 128) -> None:
+    """Decode tok/s with every sampling filter on vs greedy, alternating runs in one engine."""
+    from jaxlm import LLM, SamplingParams
+
+    llm = LLM(model=model, dtype=dtype, max_num_seqs=16, max_model_len=512, max_num_batched_tokens=512)
+    vocab = llm.llm_engine.model_config.hf_config.vocab_size
+    rng = np.random.default_rng(0)
+    prompts = [{"prompt_token_ids": rng.integers(100, vocab - 100, input_len).tolist()} for _ in range(16)]
+    configs = {
+        "greedy": SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True),
+        "all filters": SamplingParams(temperature=0.8, top_k=50, top_p=0.9, min_p=0.05, presence_penalty=0.5,
+                                      frequency_penalty=0.3, repetition_penalty=1.1, logit_bias={100: -2.0},
+                                      logprobs=5, seed=0, max_tokens=output_len, ignore_eos=True),
+    }
+    rates: dict[str, list[float]] = {k: [] for k in configs}
+    for _ in range(3):
+        for name, params in configs.items():
+            outs = llm.generate(prompts, params, use_tqdm=False)
+            first = min(o.metrics.first_token_ts for o in outs)
+            last = max(o.metrics.last_token_ts for o in outs)
+            rates[name].append(sum(len(o.outputs[0].token_ids) - 1 for o in outs) / (last - first))
+    for name, r in rates.items():
+        print(f"{name:<12} batch-16 decode tok/s (median of 3): {statistics.median(r):.1f}")
+    g, a = statistics.median(rates["greedy"]), statistics.median(rates["all filters"])
+    print(f"all filters / greedy: {a / g:.2f}")
+
+
+def gguf_as_safetensors(gguf_path: str, workdir: str) -> str:
+    """The GGUF's weights, dequantized, as an HF safetensors directory (for transformers)."""
+    from jaxlm.config import LoadConfig, ModelConfig
+    from jaxlm.model_loader import get_tokenizer, resolve_model_config
+    from jaxlm.model_loader.export import export_safetensors
+    from jaxlm.model_loader.gguf_utils import iterate_gguf_weights, open_gguf
+
+    out = os.path.join(workdir, "safetensors")
+    if not os.path.isfile(os.path.join(out, "config.json")):
+        mc = resolve_model_config(ModelConfig(model=gguf_path), LoadConfig())
+        export_safetensors(iterate_gguf_weights(open_gguf(gguf_path), gguf_path), out, mc.hf_config,
+                           tokenizer=get_tokenizer(mc))
+    return out
+
+
+def main() -> None:
+    import logging
+
+    logging.basicConfig(level=logging.WARNING)
+    spec_path, out_path = sys.argv[1:3]
+    with open(spec_path) as f:
+        spec = json.load(f)
+    res = run(spec)
+    with open(out_path, "w") as f:
+        json.dump(res, f)
+
+
+if __name__ == "__main__":
+    main()
