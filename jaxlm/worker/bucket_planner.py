@@ -23,14 +23,15 @@ from jaxlm.core.request import Request
 from jaxlm.core.sched_output import SchedulerOutput
 from jaxlm.core.scheduler import Scheduler
 from jaxlm.sampling_params import SamplingParams
-from jaxlm.worker.buckets import PaddingStats, default_seq_buckets, pick_bucket, powers_of_two_up_to
+from jaxlm.worker.buckets import (
+    PaddingStats, default_seq_buckets, pick_bucket, powers_of_two_up_to, prompt_logprobs_buckets)
 
 logger = logging.getLogger(__name__)
 
-# Programs the runner compiles per bucket (jaxlm/worker/model_runner.py warm_up): body +
-# prompt_logprobs per token bucket, one sampler per variant (RUNNER_VARIANTS) per sequence bucket.
-PROGRAMS_PER_TOKEN_BUCKET = 2
-PROGRAMS_PER_SEQ_BUCKET = 5
+# Programs the runner compiles (jaxlm/worker/model_runner.py warm_up, XLA attention): a body per
+# token bucket, a prompt-logprobs body for every other one (buckets.prompt_logprobs_buckets), one
+# sampler per serving variant per sequence bucket. A kernel backend adds decode-only bodies.
+PROGRAMS_PER_SEQ_BUCKET = 5  # len(sample.metadata.SERVING_VARIANTS); kept jax-free here, a test checks it
 # A padded sampler row computes one logits row (vocab x hidden); a padded body token the whole
 # model without the logits. For a ~100M-parameter model with a 50k vocabulary the ratio is ~1/4.
 DEFAULT_SAMPLE_ROW_COST = 0.25
@@ -69,7 +70,8 @@ class BucketPlan:
 
 
 def count_programs(num_token_buckets: int, num_seq_buckets: int) -> int:
-    return PROGRAMS_PER_TOKEN_BUCKET * num_token_buckets + PROGRAMS_PER_SEQ_BUCKET * num_seq_buckets
+    num_prompt_logprobs = len(prompt_logprobs_buckets(list(range(num_token_buckets))))
+    return num_token_buckets + num_prompt_logprobs + PROGRAMS_PER_SEQ_BUCKET * num_seq_buckets
 
 
 class _CountingRunner:
@@ -218,8 +220,8 @@ def plan_buckets(
         raise ValueError(f"--max-programs must be at least {min_programs} (one token and one sequence "
                          f"bucket), got {max_programs}")
     budget, max_seqs = scheduler_config.max_num_batched_tokens, scheduler_config.max_num_seqs
-    most_t = (max_programs - PROGRAMS_PER_SEQ_BUCKET) // PROGRAMS_PER_TOKEN_BUCKET
-    most_s = (max_programs - PROGRAMS_PER_TOKEN_BUCKET) // PROGRAMS_PER_SEQ_BUCKET
+    most_t = max(k for k in range(1, max_programs + 1) if count_programs(k, 1) <= max_programs)
+    most_s = max(k for k in range(1, max_programs + 1) if count_programs(1, k) <= max_programs)
     t_sets, t_cost = optimal_buckets([s.num_tokens for s in steps], budget, most_t)
     s_sets, s_cost = optimal_buckets([s.num_samples for s in steps if s.num_samples], max_seqs, most_s)
     choices = [(t_cost[kt - 1] + sample_row_cost * s_cost[ks - 1], kt, ks)

@@ -72,14 +72,15 @@ def test_optimal_buckets_rejects_steps_beyond_cap():
 def test_plan_buckets_trades_token_and_sequence_buckets_under_the_budget():
     steps = [StepShape(t, 1, 1, 1) for t in [1, 1, 3, 5, 6, 6]]
     sched = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=8, max_model_len=64)
-    # 11 programs: at most 3 token buckets (2 programs each) and 1 sequence bucket (5).
+    # 11 programs: 1 sequence bucket (5) leaves 6 for token buckets: 4 bodies + 2 prompt-logprobs
+    # bodies (every other bucket). Best 4 holding the budget 8: [1, 3, 6, 8] (only 5 -> 6 pads).
     plan = plan_buckets(steps, sched, max_programs=11)
-    assert (plan.token_buckets, plan.seq_buckets, plan.num_programs) == ([1, 6, 8], [4], 11)
-    # 16 programs: 3 token + 2 seq buckets (cost 4 + 0) beats 5 token + 1 seq (0 + 0.25 * 18).
+    assert (plan.token_buckets, plan.seq_buckets, plan.num_programs) == ([1, 3, 6, 8], [4], 11)
+    # 16 programs: 4 token + 2 seq buckets (cost 1 + 0) beats 5 token + 1 seq (0 + 0.25 * 18).
     plan = plan_buckets(steps, sched, max_programs=16)
-    assert (plan.token_buckets, plan.seq_buckets, plan.num_programs) == ([1, 6, 8], [1, 4], 16)
-    assert plan.expected_waste["tokens"] == pytest.approx(4 / 26)  # 4 padded of 22 + 4 computed
-    assert plan.as_flags() == "--token-buckets 1,6,8 --seq-buckets 1,4"
+    assert (plan.token_buckets, plan.seq_buckets, plan.num_programs) == ([1, 3, 6, 8], [1, 4], 16)
+    assert plan.expected_waste["tokens"] == pytest.approx(1 / 23)  # 1 padded of 22 + 1 computed
+    assert plan.as_flags() == "--token-buckets 1,3,6,8 --seq-buckets 1,4"
     with pytest.raises(ValueError, match="at least 7"):
         plan_buckets(steps, sched, max_programs=6)
 
@@ -162,3 +163,14 @@ def test_planner_does_not_import_jax():
     code = "import sys, jaxlm.worker.bucket_planner, jaxlm.benchmarks.workload; print('jax' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_program_count_matches_the_runner():
+    from jaxlm.sample.metadata import SERVING_VARIANTS
+    from jaxlm.worker.bucket_planner import PROGRAMS_PER_SEQ_BUCKET, count_programs
+    from jaxlm.worker.buckets import prompt_logprobs_buckets
+
+    assert PROGRAMS_PER_SEQ_BUCKET == len(SERVING_VARIANTS)
+    tokens, seqs = [16, 32, 64, 128, 256, 512], [1, 4, 16]
+    want = len(tokens) + len(prompt_logprobs_buckets(tokens)) + len(SERVING_VARIANTS) * len(seqs)
+    assert count_programs(len(tokens), len(seqs)) == want
