@@ -81,6 +81,11 @@ def parse_int_list(text: str) -> list[int]:
     return [int(x) for x in str(text).split(",") if x.strip()]
 
 
+def parse_token_buckets(text: str) -> list[int] | str:
+    """``16,32,64`` → [16, 32, 64]; ``auto`` stays "auto" (derived from --workload at start-up)."""
+    return "auto" if str(text).strip() == "auto" else parse_int_list(text)
+
+
 def parse_json_object(text: str) -> dict[str, Any]:
     value = json.loads(text)
     if not isinstance(value, dict):
@@ -225,12 +230,17 @@ class ParallelConfig:
 class CompilationConfig:
     """The AOT-compiled step programs and their on-disk cache."""
 
-    token_buckets: list[int] | None = arg(
-        None, "comma-separated padded token counts of a step (default: powers of two up to the budget)",
-        parse=parse_int_list)
+    token_buckets: list[int] | str | None = arg(
+        None, "comma-separated padded token counts of a step (default: powers of two up to the budget); "
+              "auto = derived, with --seq-buckets, from a simulation of the scheduler on --workload",
+        parse=parse_token_buckets)
     seq_buckets: list[int] | None = arg(
         None, "comma-separated padded sequence counts sampled in a step (default: powers of two)",
         parse=parse_int_list)
+    workload: str | None = arg(
+        None, "the traffic --token-buckets auto is derived from: a JSONL of prompts (optional "
+              "output_len), a ShareGPT JSON file, or synthetic[:num=N,prompt=A-B,output=C-D]")
+    max_programs: int = arg(40, "most programs --token-buckets auto may compile")
     compilation_cache_dir: str | None = arg(
         None, "JAX persistent compilation cache ('' = off; default: <cache root>/xla, the cache root "
               "being $JAXLM_CACHE_DIR, else $XDG_CACHE_HOME/jaxlm, else ~/.cache/jaxlm)")

@@ -23,6 +23,7 @@ from jaxlm.core.outputs import FinishReason
 from jaxlm.outputs import CompletionOutput, RequestOutput
 from jaxlm.sample.builder import SamplingInputBuilder
 from jaxlm.sampling_params import SamplingParams
+from jaxlm.worker.bucket_planner import resolve_auto_buckets
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +37,7 @@ class LLMEngine:
         config.scheduler_config.max_model_len = mc.max_model_len
         self.model_config = mc
         self.tokenizer = get_tokenizer(mc)
+        resolve_auto_buckets(config, self.tokenizer)  # --token-buckets auto: before any compile
         self.executor = Executor.get_class(config)(config)
         num_blocks = self.executor.determine_num_available_blocks()
         capacity = num_blocks * config.cache_config.block_size

@@ -13,10 +13,11 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 
+from jaxlm.benchmarks.workload import load_workload
 from jaxlm.config import CacheConfig, SchedulerConfig
 from jaxlm.core.outputs import ModelRunnerOutput
 from jaxlm.core.request import Request
@@ -303,3 +304,21 @@ def parse_bucket_spec(spec: str, max_num_batched_tokens: int, max_num_seqs: int)
     tokens = _one_list(parts.get("tokens", "pow2"), max_num_batched_tokens, [])
     seqs = _one_list(parts.get("seqs", "default"), max_num_seqs, seq_default)
     return tokens, seqs
+
+
+def resolve_auto_buckets(config: Any, tokenizer: Any) -> BucketPlan | None:
+    """--token-buckets auto: derive both bucket lists from --workload, in place on the
+    EngineConfig (before the runner compiles anything); None when buckets are not auto."""
+    comp = config.compilation_config
+    if comp.token_buckets != "auto":
+        return None
+    if not comp.workload:
+        raise ValueError("--token-buckets auto needs --workload (a JSONL, ShareGPT file or synthetic:...)")
+    vocab = int(config.model_config.hf_config.vocab_size)
+    sched = config.scheduler_config
+    workload = load_workload(comp.workload, vocab).tokenized(tokenizer).fitting(sched.max_model_len)
+    plan = derive_buckets(workload.requests, sched, config.cache_config, comp.max_programs)
+    comp.token_buckets, comp.seq_buckets = plan.token_buckets, plan.seq_buckets
+    logger.info("--token-buckets auto from %s: %s (%d programs; expected padding %s)", comp.workload,
+                plan.as_flags(), plan.num_programs, {k: round(v, 4) for k, v in plan.expected_waste.items()})
+    return plan
