@@ -15,6 +15,7 @@ from jaxlm.engine.async_llm_engine import AsyncLLMEngine
 from jaxlm.serve.api_server import build_app, build_server, create_server_socket, init_app_state
 from jaxlm.serve.cli_args import make_arg_parser
 from jaxlm.serve.metrics import parse_metrics
+from tests.serve.server_process import ServerProcess
 
 
 class ServerThread:
@@ -94,62 +95,6 @@ def fake_server_factory(tiny_tokenizer_dir: str) -> Iterator[Callable[..., Serve
         server.engine.shutdown()
 
 
-class ServerProcess:
-    """A real `python -m jaxlm.serve` in a subprocess (what a user starts), on a tiny model."""
-
-    def __init__(self, model_path: str, log_path: str, cli: list[str]) -> None:
-        import os
-        import socket
-        import subprocess
-        import sys
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.model_path = model_path
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.log_path = log_path
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]),
-               "HF_HUB_OFFLINE": "1"}
-        self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "jaxlm.serve", model_path, "--port", str(self.port),
-             "--uvicorn-log-level", "warning", "--disable-uvicorn-access-log", *cli],
-            stdout=self._log, stderr=subprocess.STDOUT, env=env)
-        deadline = time.monotonic() + 600
-        while True:
-            assert self.proc.poll() is None, f"server exited ({self.proc.returncode}):\n{self.log_tail()}"
-            assert time.monotonic() < deadline, f"server did not start in 600 s:\n{self.log_tail()}"
-            try:
-                if httpx.get(self.base + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-
-    def log_tail(self) -> str:
-        with open(self.log_path, "rb") as f:
-            return f.read()[-4000:].decode(errors="replace")
-
-    def client(self, **kw: Any) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.base + "/v1", api_key="EMPTY", max_retries=0, timeout=120, **kw)
-
-    def metrics_text(self) -> str:
-        return httpx.get(self.base + "/metrics", timeout=10).text
-
-    def metrics(self) -> dict[str, float]:
-        return parse_metrics(self.metrics_text())
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(60)
-        except Exception:  # noqa: BLE001 - a hung server must not hang the suite
-            self.proc.kill()
-        self._log.close()
-
-
 # Step budget of the shared server: prompts longer than it are prefilled over several steps.
 SERVER_STEP_BUDGET = 16
 SERVED_MODEL = "tiny-llama"
@@ -163,7 +108,7 @@ def real_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProc
 
     path = make_tiny_engine_model("llama", tmp_path_factory.mktemp("served-llama"))
     _add_bos_post_processor(path)
-    server = ServerProcess(path, str(tmp_path_factory.mktemp("log") / "server.log"), [
+    server = ServerProcess(path, [
         "--served-model-name", SERVED_MODEL, "--max-model-len", "256", "--max-num-seqs", "16",
         "--max-num-batched-tokens", str(SERVER_STEP_BUDGET), "--token-buckets", str(SERVER_STEP_BUDGET),
         "--seq-buckets", "16", "--num-gpu-blocks-override", "512", "--seed", "0",

@@ -13,7 +13,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from typing import Any
+
 import httpx
+import openai
+
+from jaxlm.serve.metrics import parse_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_ENGINE_FLAGS = ["--max-model-len", "128", "--max-num-seqs", "8", "--max-num-batched-tokens", "64",
@@ -30,6 +35,7 @@ def free_port() -> int:
 class ServerProcess:
     def __init__(self, model: str, flags: list[str], *, fault_patch: bool = False, port: int | None = None,
                  env: dict[str, str] | None = None, wait: bool = True) -> None:
+        self.model_path = model
         self.port = port or free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         if fault_patch:  # the test's own wrapper: patches first, then runs the real entry point
@@ -41,7 +47,7 @@ class ServerProcess:
         pythonpath = os.pathsep.join([str(REPO), str(REPO / "tests" / "serve"), os.environ.get("PYTHONPATH", "")])
         self.proc = subprocess.Popen(
             [sys.executable, *launcher, model, "--port", str(self.port), *TINY_ENGINE_FLAGS, *flags],
-            env={**os.environ, "PYTHONPATH": pythonpath, **(env or {})},
+            env={**os.environ, "PYTHONPATH": pythonpath, "HF_HUB_OFFLINE": "1", **(env or {})},
             stdout=self._log, stderr=subprocess.STDOUT, text=True)
         if wait:
             self.wait_healthy()
@@ -64,6 +70,18 @@ class ServerProcess:
         self._log.flush()
         self._log.seek(0)
         return self._log.read()
+
+    def log_tail(self) -> str:
+        return self.output()[-4000:]
+
+    def client(self, **kw: Any) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.base + "/v1", api_key="EMPTY", max_retries=0, timeout=120, **kw)
+
+    def metrics_text(self) -> str:
+        return httpx.get(self.base + "/metrics", timeout=10).text
+
+    def metrics(self) -> dict[str, float]:
+        return parse_metrics(self.metrics_text())
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> int:
         if self.proc.poll() is None:

@@ -203,13 +203,18 @@ def _answered_first(server, send_slow: Callable[[httpx.Client, threading.Event],
         done.set()
 
     thread = threading.Thread(target=slow)
+    t0 = time.perf_counter()
     thread.start()
     assert running.wait(60)
     assert not done.is_set(), "the slow request was not slow enough to show anything"
+    t1 = time.perf_counter()
     assert httpx.get(server.base + "/health", timeout=30).status_code == 200
     order.append("health")
+    t2 = time.perf_counter()
     thread.join()
-    assert order == ["health", "slow"]
+    t3 = time.perf_counter()
+    assert order == ["health", "slow"], (f"under way at {t1 - t0:.2f} s, /health took {t2 - t1:.2f} s, "
+                                         f"the slow request ended at {t3 - t0:.2f} s")
 
 
 def _post_after(delay: float, path: str, body: dict) -> Callable[[httpx.Client, threading.Event], int]:
@@ -234,8 +239,8 @@ def test_event_loop_stays_free(server):
     big_prompt = ("The capital of France is Paris. 日本語 🙂 " * 40_000)[: BODY_LIMIT // 2 - 100]
     assert len(json.dumps({"prompt": big_prompt}).encode()) < BODY_LIMIT
     with HealthProbe(server.base) as probe:
-        _answered_first(server, _post_after(0.3, "/v1/completions", {**GREEDY, "prompt": big_prompt}), {400})
-        _answered_first(server, _post_after(0.3, "/v1/chat/completions", _chat(chat_template=LOOP_TEMPLATE)["json"]),
+        _answered_first(server, _post_after(0.05, "/v1/completions", {**GREEDY, "prompt": big_prompt}), {400})
+        _answered_first(server, _post_after(0.05, "/v1/chat/completions", _chat(chat_template=LOOP_TEMPLATE)["json"]),
                         {400})
         stops = [f"zz{i}q" * 8 for i in range(256)]  # the most admission allows
         _answered_first(server, _stream({**GREEDY, "max_tokens": 110, "stop": stops}), {200})
