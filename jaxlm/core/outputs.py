@@ -32,6 +32,9 @@ class ModelRunnerOutput:
     logprobs: LogprobsLists | None = None
     # req_id -> prompt logprobs of the positions computed this step (same layout as logprobs).
     prompt_logprobs: dict[str, LogprobsLists] = dataclasses.field(default_factory=dict)
+    # Requests whose structured-output grammar accepts nothing more after this step's token:
+    # the scheduler finishes them with "stop" (before ignore_eos, min_tokens and the length cap).
+    grammar_terminated_req_ids: set[str] = dataclasses.field(default_factory=set)
 
 
     @classmethod
