@@ -319,9 +319,9 @@ class ModelRunner:
         S = pick_bucket(n, self.seq_buckets)
         variant = self.sampling.variant_of(inputs.sample_req_ids)  # once per step
         host_md = self.sampling.build_host(inputs.sample_req_ids, S, variant)
-        if variant.structured:  # the body is running on the device meanwhile
-            self.structured_output_manager.fill_bitmask(host_md.fields["bitmask"], [
-                (self._grammars[r], i) for i, r in enumerate(inputs.sample_req_ids) if r in self._grammars])
+        rows = [(self._grammars[r], i) for i, r in enumerate(inputs.sample_req_ids) if r in self._grammars]
+        if rows:  # while the device runs the body; unconstrained rows stay all -1 (no mask)
+            self.structured_output_manager.fill_bitmask(host_md.fields["bitmask"], rows)
         out = self._sample[(S, variant)](self.params, hidden, host_md.to_device())
         token_ids = np.asarray(out.sampled_token_ids)[:n].tolist()
         sampled = dict(zip(inputs.sample_req_ids, token_ids))
