@@ -91,6 +91,20 @@ def test_unconstrained_rows_are_batch_invariant(llm):
     _check_idle(llm)
 
 
+def test_siblings_and_logprobs_under_a_constraint(llm):
+    # n > 1: the siblings reuse the first child's prompt blocks (prefix-cache hits), each with
+    # its own matcher. logprobs: the all-parts sampler variant; they are the model's raw ones.
+    so = StructuredOutputsParams(regex=REGEX)
+    [out] = llm.generate([PROMPT], SamplingParams(n=4, temperature=1.0, seed=7, max_tokens=64, logprobs=2,
+                                                  structured_outputs=so), use_tqdm=False)
+    assert len(out.outputs) == 4 and out.num_cached_tokens > 0
+    for o in out.outputs:
+        assert o.finish_reason == "stop" and re.fullmatch(REGEX, o.text), o.text
+        assert len(o.logprobs) == len(o.token_ids)
+        assert all(tok in step and step[tok].logprob <= 0.0 for tok, step in zip(o.token_ids, o.logprobs))
+    _check_idle(llm)
+
+
 @pytest.mark.parametrize("so, message", [
     (StructuredOutputsParams(regex="(unclosed"), "invalid regex constraint"),
     (StructuredOutputsParams(grammar="start: undefined_rule"), "invalid grammar constraint"),
