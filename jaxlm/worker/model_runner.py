@@ -53,6 +53,7 @@ from jaxlm.sample.builder import SamplingInputBuilder
 from jaxlm.sample.metadata import SERVING_VARIANTS, SamplerVariant
 from jaxlm.sample.sampler import compute_prompt_logprobs, sample
 from jaxlm.structured_output.manager import StructuredOutputManager, StructuredOutputRequest
+from jaxlm.structured_output.params import StructuredOutputsParams
 from jaxlm.worker.buckets import (
     decode_buckets, default_seq_buckets, default_token_buckets, pick_bucket, prompt_logprobs_buckets,
     validate_buckets)
@@ -271,7 +272,7 @@ class ModelRunner:
             if new.sampling_params.prompt_logprobs is not None:
                 self.prompt_logprobs.add_request(new.req_id, len(new.prompt_token_ids))
 
-    def _add_grammar(self, req_id: str, params: Any, output_token_ids: list[int]) -> None:
+    def _add_grammar(self, req_id: str, params: StructuredOutputsParams, output_token_ids: list[int]) -> None:
         """A matcher for a new or resumed request: a resumed one keeps its own (it has accepted
         exactly the outputs so far); one without it is rebuilt by replaying them."""
         kept = self._grammars.get(req_id)
