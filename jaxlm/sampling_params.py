@@ -7,6 +7,8 @@ import enum
 import math
 from typing import Any
 
+from jaxlm.structured_output.params import StructuredOutputsParams
+
 _GREEDY_EPS = 1e-5
 
 
@@ -42,6 +44,9 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     allowed_token_ids: list[int] | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    # One output constraint (JSON schema, regex, choice, grammar), vLLM's name; a dict is read
+    # as StructuredOutputsParams' fields.
+    structured_outputs: StructuredOutputsParams | None = None
     # Filled by the input processor: eos + generation-config stop ids, tokenized bad words.
     all_stop_token_ids: set[int] = dataclasses.field(default_factory=set, repr=False)
     bad_words_token_ids: list[list[int]] | None = dataclasses.field(default=None, repr=False)
@@ -57,6 +62,8 @@ class SamplingParams:
             self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
         if isinstance(self.bad_words, str):
             self.bad_words = [self.bad_words]
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
         self._verify()
         if self.greedy:
             # Zero temperature is greedy: the random-sampling filters do not apply (as vLLM).
@@ -104,6 +111,9 @@ class SamplingParams:
             raise bad("seed", "must be an integer", self.seed)
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise bad("stop", "must be non-empty strings", self.stop)
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            raise bad("structured_outputs", "must be StructuredOutputsParams or a dict of its fields",
+                      self.structured_outputs)
         if self.allowed_token_ids is not None and not self.allowed_token_ids:
             raise bad("allowed_token_ids", "must not be empty", self.allowed_token_ids)
         if self.stop and not self.detokenize:

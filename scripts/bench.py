@@ -5,6 +5,7 @@
     python scripts/bench.py --workload prompts.jsonl --request-rate 2 --buckets "tokens=16,64,256,512;seqs=1,8,64"
     python scripts/bench.py --vs-hf --roofline                # + transformers side by side, % of machine limits
     python scripts/bench.py --sampling                        # decode with every sampling filter on vs greedy
+    python scripts/bench.py --structured                      # decode under a JSON schema vs none, batch 1 and 16
 
 Bucket configs: pow2 (the engine default), pow4, linear:STEP, a comma list of token buckets,
 tokens=A;seqs=B (each any of those), auto (derived by simulating the scheduler on the workload
@@ -241,6 +242,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hf-batch", type=int, default=16, help="transformers generate batch size")
     p.add_argument("--roofline", action="store_true", help="report against measured bandwidth/matmul limits")
     p.add_argument("--sampling", action="store_true", help="decode with every sampling filter on vs greedy")
+    p.add_argument("--structured", action="store_true", help="decode under a JSON schema vs none")
     p.add_argument("--workdir", default="/tmp/jaxlm_bench", help="scratch space (compile caches, GGUF export)")
     return p.parse_args(argv)
 
@@ -248,6 +250,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     os.makedirs(args.workdir, exist_ok=True)
+    if args.structured:
+        bench_engine.bench_structured(args.model, args.dtype)
+        return
     if args.sampling:
         bench_engine.bench_sampling(args.model, args.dtype)
         return

@@ -187,13 +187,70 @@ def bench_sampling(model: str | None, dtype: str = "auto", input_len: int = 128,
     for _ in range(3):
         for name, params in configs.items():
             outs = llm.generate(prompts, params, use_tqdm=False)
-            first = min(o.metrics.first_token_ts for o in outs)
-            last = max(o.metrics.last_token_ts for o in outs)
-            rates[name].append(sum(len(o.outputs[0].token_ids) - 1 for o in outs) / (last - first))
+            rates[name].append(_decode_tok_s(outs))
     for name, r in rates.items():
         print(f"{name:<12} batch-16 decode tok/s (median of 3): {statistics.median(r):.1f}")
     g, a = statistics.median(rates["greedy"]), statistics.median(rates["all filters"])
     print(f"all filters / greedy: {a / g:.2f}")
+
+
+def _decode_tok_s(outs) -> float:
+    first = min(o.metrics.first_token_ts for o in outs)
+    last = max(o.metrics.last_token_ts for o in outs)
+    return sum(len(o.outputs[0].token_ids) - 1 for o in outs) / (last - first)
+
+
+# Long enough to measure decode: 24 strings of up to 16 characters.
+_BENCH_SCHEMA = {"type": "object", "properties": {
+    "city": {"type": "string", "maxLength": 32},
+    "facts": {"type": "array", "items": {"type": "string", "maxLength": 16}, "minItems": 24, "maxItems": 24}},
+    "required": ["city", "facts"], "additionalProperties": False}
+
+
+def bench_structured(model: str | None, dtype: str = "auto", input_len: int = 128, output_len: int = 128) -> None:
+    """Decode tok/s under a JSON-schema constraint vs none (batch 1 and 16, alternating runs in
+    one engine), the schema's compile time, and the host time of the mask fills."""
+    from jaxlm import LLM, SamplingParams
+    from jaxlm.structured_output import StructuredOutputsParams
+
+    llm = LLM(model=model, dtype=dtype, max_num_seqs=16, max_model_len=512, max_num_batched_tokens=512)
+    engine = llm.llm_engine
+    vocab = engine.model_config.hf_config.vocab_size
+    t0 = time.perf_counter()
+    mgr = engine.get_structured_output_manager()
+    print(f"llguidance tokenizer: {time.perf_counter() - t0:.2f} s (once per engine)")
+    so = StructuredOutputsParams(json=_BENCH_SCHEMA)
+    t0 = time.perf_counter()
+    mgr.compile(so)
+    print(f"compile the schema: {1e3 * (time.perf_counter() - t0):.2f} ms (then cached)")
+    fills: list[tuple[float, int]] = []  # (seconds, rows) of every mask fill in the runner
+    fill = mgr.fill_bitmask
+
+    def timed_fill(bitmask, rows):
+        t = time.perf_counter()
+        fill(bitmask, rows)
+        fills.append((time.perf_counter() - t, len(rows)))
+
+    mgr.fill_bitmask = timed_fill
+    kw = dict(temperature=0.8, max_tokens=output_len)
+    configs = {"none": lambda s: SamplingParams(seed=s, ignore_eos=True, **kw),
+               "json schema": lambda s: SamplingParams(seed=s, structured_outputs=so, **kw)}
+    rng = np.random.default_rng(0)
+    for batch in (1, 16):
+        prompts = [{"prompt_token_ids": rng.integers(100, vocab - 100, input_len).tolist()} for _ in range(batch)]
+        rates: dict[str, list[float]] = {k: [] for k in configs}
+        fills.clear()
+        for rep in range(3):
+            for name, make in configs.items():
+                outs = llm.generate(prompts, [make(100 * rep + i) for i in range(batch)], use_tqdm=False)
+                rates[name].append(_decode_tok_s(outs))
+        line = "  ".join(f"{k}: {statistics.median(r):.1f}" for k, r in rates.items())
+        per_row = statistics.median(t / n for t, n in fills)
+        per_step = statistics.median(t for t, _ in fills)
+        print(f"batch {batch:>2} decode tok/s (median of 3)  {line}  "
+              f"ratio {statistics.median(rates['json schema']) / statistics.median(rates['none']):.2f}; "
+              f"mask fill per step {1e3 * per_step:.3f} ms, per row {1e3 * per_row:.3f} ms")
+    assert engine.get_model_runner().num_compiles_after_warmup == 0
 
 
 def gguf_as_safetensors(gguf_path: str, workdir: str) -> str:

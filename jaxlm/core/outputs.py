@@ -35,6 +35,9 @@ class ModelRunnerOutput:
     # req_id -> why that request's host-side work failed this step: it finishes with an error
     # alone (FinishReason.ERROR) while the rest of the batch goes on.
     failed_req_ids: dict[str, str] = dataclasses.field(default_factory=dict)
+    # Requests whose structured-output grammar accepts nothing more after this step's token:
+    # the scheduler finishes them with "stop" (before ignore_eos, min_tokens and the length cap).
+    grammar_terminated_req_ids: set[str] = dataclasses.field(default_factory=set)
 
 
     @classmethod

@@ -228,6 +228,9 @@ class Scheduler:
                 new_token_ids.append(int(token_id))
                 if self._check_stop(request):
                     break
+            if new_token_ids and rid in model_runner_output.grammar_terminated_req_ids:
+                # The constrained output is complete: "stop", even over ignore_eos/min_tokens/length.
+                request.status = RequestStatus.FINISHED_STOPPED
             new_logprobs = None
             if new_token_ids and model_runner_output.logprobs is not None:
                 new_logprobs = _slice_logprobs(model_runner_output.logprobs, i, i + 1)

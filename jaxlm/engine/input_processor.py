@@ -83,16 +83,20 @@ class InputProcessor:
     """vocab_size: the logits' width; eos_token_id: the tokenizer's (ends a request unless
     ignore_eos); generation_eos_ids: every eos id of generation_config.json and the model config
     (the others end a request unless ignore_eos, as stop_token_ids); check_params: the
-    sampler's own admission check (what it cannot honour, e.g. logprobs above max_logprobs)."""
+    sampler's own admission check (what it cannot honour, e.g. logprobs above max_logprobs);
+    structured_output_manager: returns the engine's StructuredOutputManager (built on first
+    use), which compiles a request's constraint here, so a bad one fails only that request."""
 
     def __init__(self, tokenizer: Any, max_model_len: int, vocab_size: int, eos_token_id: int | None,
-                 generation_eos_ids: set[int], check_params: Callable[[SamplingParams], None]):
+                 generation_eos_ids: set[int], check_params: Callable[[SamplingParams], None],
+                 structured_output_manager: Callable[[], Any] | None = None):
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
         self.eos_token_id = eos_token_id
         self.generation_eos_ids = frozenset(generation_eos_ids)
         self.check_params = check_params
+        self.structured_output_manager = structured_output_manager
 
     def check_request_id(self, request_id: str) -> None:
         check_utf8("request_id", request_id)
@@ -154,7 +158,18 @@ class InputProcessor:
             {"eos_token_id": sorted(self.generation_eos_ids)}, self.eos_token_id)
         params.update_from_tokenizer(self.tokenizer)
         self.check_params(params)
+        if params.structured_outputs is not None:
+            self._compile_constraint(params)
         return params
+
+    def _compile_constraint(self, params: SamplingParams) -> None:
+        """Compile (or find in the cache) the constraint now: the step never sees a bad one."""
+        if self.structured_output_manager is None:
+            raise InvalidRequestError("structured_outputs", "this engine does not support structured outputs")
+        try:
+            self.structured_output_manager().compile(params.structured_outputs)
+        except ValueError as e:
+            raise InvalidRequestError("structured_outputs", str(e)) from None
 
     def _check_limits(self, p: SamplingParams) -> None:
         if p.n > MAX_N:

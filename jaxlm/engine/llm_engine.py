@@ -24,6 +24,7 @@ from jaxlm.outputs import CompletionOutput, RequestOutput
 from jaxlm.sample.builder import SamplingInputBuilder
 from jaxlm.sampling_params import SamplingParams
 from jaxlm.worker.bucket_planner import resolve_auto_buckets
+from jaxlm.structured_output.manager import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +67,9 @@ class LLMEngine:
         checker = SamplingInputBuilder(vocab, mc.max_model_len, max_logprobs=mc.max_logprobs)
         self.input_processor = InputProcessor(
             self.tokenizer, mc.max_model_len, vocab, self.eos_token_id,
-            generation_eos_token_ids(generation_config, mc.hf_config), checker.check_params)
+            generation_eos_token_ids(generation_config, mc.hf_config), checker.check_params,
+            self.get_structured_output_manager)
+        self._structured_output_manager: StructuredOutputManager | None = None
         self.output_processor = OutputProcessor(self.tokenizer)
         # first child id -> siblings not yet handed to the scheduler (n > 1)
         self._deferred: dict[str, list[Request]] = {}
@@ -89,6 +92,17 @@ class LLMEngine:
     def get_model_runner(self) -> Any:
         """The in-process ModelRunner (compile guard, bucket and padding counters): tests and benches."""
         return self.executor.get_model_runner()
+
+    def get_structured_output_manager(self) -> StructuredOutputManager:
+        """The constraint compiler and matcher factory, shared by admission and the runner.
+        Built on first use: llguidance's view of the tokenizer takes ~1 s."""
+        if self._structured_output_manager is None:
+            ip = self.input_processor
+            eos = sorted({ip.eos_token_id, *ip.generation_eos_ids} - {None})
+            mgr = StructuredOutputManager(self.tokenizer, ip.vocab_size, eos_token_ids=eos)
+            self.get_model_runner().structured_output_manager = mgr
+            self._structured_output_manager = mgr
+        return self._structured_output_manager
 
     def get_input_processor(self) -> InputProcessor:
         """The one admission path: the server checks prompts with it before queueing them."""

@@ -140,9 +140,11 @@ class OutputProcessor:
             finish_reason = str(out.finish_reason) if out.finish_reason else None
             stop_reason = out.stop_reason
             if state.detokenizer is not None and out.new_token_ids:
-                # A stop token (eos / stop_token_ids) that ended the request is not shown as text.
-                stop_str = state.detokenizer.update(out.new_token_ids,
-                                                    stop_terminated=out.finish_reason == FinishReason.STOP)
+                # A stop token (eos / stop_token_ids) that ended the request is not shown as text;
+                # a request a grammar ended with "stop" ends on an ordinary token.
+                stop_terminated = (out.finish_reason == FinishReason.STOP
+                                   and out.new_token_ids[-1] in state.params.all_stop_token_ids)
+                stop_str = state.detokenizer.update(out.new_token_ids, stop_terminated=stop_terminated)
                 if stop_str is not None and finish_reason is None:
                     finish_reason, stop_reason = str(FinishReason.STOP), stop_str
                     to_abort.append(out.req_id)

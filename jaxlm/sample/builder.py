@@ -16,6 +16,7 @@ import numpy as np
 
 from jaxlm.sample.metadata import ALL_VARIANTS, HostArrays, SamplerVariant, SamplingMetadata, covering_variant
 from jaxlm.sampling_params import SamplingParams
+from jaxlm.structured_output.bitmask import bitmask_width
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +86,7 @@ class _ReqState:
     tail: list[int] = dataclasses.field(default_factory=list)  # last output tokens (bad words)
     tail_len: int = 0
     allowed: np.ndarray | None = None
+    structured: bool = False  # has a structured-output constraint (the runner fills its mask row)
 
 
 class SamplingInputBuilder:
@@ -180,7 +182,8 @@ class SamplingInputBuilder:
             # Engine seed mixed with the request id: distinct per request, and a preempted,
             # re-added request continues the same stream.
             stream = _stable_hash64(f"engine:{self.engine_seed & _M64}:{req_id}")
-        st = _ReqState(params=params, stream=stream, greedy=params.greedy)
+        st = _ReqState(params=params, stream=stream, greedy=params.greedy,
+                       structured=params.structured_outputs is not None)
         if not st.greedy:
             # top_k >= vocab keeps everything: the same as off (0), and always fits int32.
             k = int(params.top_k)
@@ -260,7 +263,8 @@ class SamplingInputBuilder:
             random=bool(sampling),
             filters=any(s.top_k > 0 or s.top_p < 1.0 for s in sampling),
             processors=any(s.processors for s in states),
-            logprobs=any(s.params.logprobs is not None for s in states))
+            logprobs=any(s.params.logprobs is not None for s in states),
+            structured=any(s.structured for s in states))
         return covering_variant(need, self._variants)
 
     def build(self, req_ids: Sequence[str], num_rows: int,
@@ -302,6 +306,8 @@ class SamplingInputBuilder:
             f["uniform"][:n] = np.where([s.greedy for s in states], _MIN_UNIFORM, u)
         if variant.processors:
             self._fill_processors(f, states, r, v)
+        if variant.structured:  # every token allowed; the runner fills the constrained rows
+            f["bitmask"] = np.full((r, bitmask_width(v)), -1, np.int32)
         return HostArrays(f, variant, self.max_logprobs, self.num_candidates)
 
     def _fill_processors(self, f: dict[str, np.ndarray], states: list[_ReqState], r: int, v: int) -> None:

@@ -23,6 +23,8 @@ class SamplerVariant(NamedTuple):
     filters:    some sampling row has top_k or top_p (only with random).
     processors: some row has penalties, logit_bias, allowed_token_ids, bad_words or min_tokens.
     logprobs:   some row asked for logprobs (top-`max_logprobs` of the raw distribution).
+    structured: some row has a structured-output constraint: a packed token bitmask
+                ([R, ceil(V/32)] int32, all -1 on unconstrained rows) is one more input.
 
     These are static flags rather than lax.cond because on XLA:CPU any control flow around
     the [R, V] logits costs ~40 ms at 64 x 49152, even when the branch is not taken.
@@ -32,22 +34,26 @@ class SamplerVariant(NamedTuple):
     filters: bool = False
     processors: bool = False
     logprobs: bool = False
+    structured: bool = False
 
 
-# 12 programs per row bucket (filters only matter with random).
+# 24 programs per row bucket (filters only matter with random).
 ALL_VARIANTS: tuple[SamplerVariant, ...] = tuple(
-    SamplerVariant(*flags) for flags in itertools.product((False, True), repeat=4)
+    SamplerVariant(*flags) for flags in itertools.product((False, True), repeat=5)
     if flags[0] or not flags[1])
 
 # What the serving engine compiles per row bucket: a batch runs the cheapest one that covers
 # what it needs (the extra parts are neutral for rows that don't use them), so the count stays
-# 5 per bucket instead of every combination of the flags.
+# 6 per bucket instead of every combination of the flags. Constrained steps take one of the
+# two variants with the mask: plain sampling (greedy rows sample as argmax in a random
+# variant), or everything; the others never carry the mask input.
 SERVING_VARIANTS: tuple[SamplerVariant, ...] = (
     SamplerVariant(),
     SamplerVariant(logprobs=True),
     SamplerVariant(random=True),
     SamplerVariant(random=True, filters=True),
-    SamplerVariant(True, True, True, True),
+    SamplerVariant(random=True, filters=True, structured=True),
+    SamplerVariant(True, True, True, True, True),
 )
 
 
@@ -81,6 +87,8 @@ class SamplingMetadata:
     bias_vals: jax.Array | None = None  # [R, Kb] float32 (-inf = banned)
     allowed_ids: jax.Array | None = None  # [R, Ka] int32, pad = V
     has_allowed: jax.Array | None = None  # [R] bool
+    # ---- present when variant.structured, else None
+    bitmask: jax.Array | None = None  # [R, ceil(V/32)] int32, bit set = allowed; -1 = no constraint
     # ---- static (pytree aux data)
     variant: SamplerVariant = SamplerVariant()
     max_logprobs: int = 20

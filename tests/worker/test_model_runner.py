@@ -31,9 +31,9 @@ def test_program_count_is_a_sum(llm):
     runner = llm.llm_engine.get_model_runner()
     # len(token_buckets) bodies + decode bodies (none: the xla backend has no decode kernel)
     # + prompt-logprobs bodies (every other token bucket from the top: [64])
-    # + 5 x len(seq_buckets) sampler variants.
+    # + 6 x len(seq_buckets) sampler variants.
     assert runner.decode_buckets == [] and runner.prompt_logprobs_buckets == [64]
-    assert runner.num_programs == 2 + 0 + 1 + 2 * 5
+    assert runner.num_programs == 2 + 0 + 1 + 2 * 6
 
 
 def test_no_compile_after_warmup(llm):
