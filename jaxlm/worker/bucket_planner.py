@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 # Programs the runner compiles (jaxlm/worker/model_runner.py warm_up, XLA attention): a body per
 # token bucket, a prompt-logprobs body for every other one (buckets.prompt_logprobs_buckets), one
 # sampler per serving variant per sequence bucket. A kernel backend adds decode-only bodies.
-PROGRAMS_PER_SEQ_BUCKET = 5  # len(sample.metadata.SERVING_VARIANTS); kept jax-free here, a test checks it
+PROGRAMS_PER_SEQ_BUCKET = 6  # len(sample.metadata.SERVING_VARIANTS); kept jax-free here, a test checks it
 # A padded sampler row computes one logits row (vocab x hidden); a padded body token the whole
 # model without the logits. For a ~100M-parameter model with a 50k vocabulary the ratio is ~1/4.
 DEFAULT_SAMPLE_ROW_COST = 0.25

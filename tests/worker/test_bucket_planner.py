@@ -72,16 +72,17 @@ def test_optimal_buckets_rejects_steps_beyond_cap():
 def test_plan_buckets_trades_token_and_sequence_buckets_under_the_budget():
     steps = [StepShape(t, 1, 1, 1) for t in [1, 1, 3, 5, 6, 6]]
     sched = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=8, max_model_len=64)
-    # 11 programs: 1 sequence bucket (5) leaves 6 for token buckets: 4 bodies + 2 prompt-logprobs
-    # bodies (every other bucket). Best 4 holding the budget 8: [1, 3, 6, 8] (only 5 -> 6 pads).
+    # 11 programs: 1 sequence bucket (6 samplers) leaves 5 for token buckets: 3 bodies + 2
+    # prompt-logprobs bodies (every other bucket). Best 3 holding the budget 8: [1, 6, 8] (cost 4).
     plan = plan_buckets(steps, sched, max_programs=11)
-    assert (plan.token_buckets, plan.seq_buckets, plan.num_programs) == ([1, 3, 6, 8], [4], 11)
-    # 16 programs: 4 token + 2 seq buckets (cost 1 + 0) beats 5 token + 1 seq (0 + 0.25 * 18).
+    assert (plan.token_buckets, plan.seq_buckets, plan.num_programs) == ([1, 6, 8], [4], 11)
+    # 16 programs: 5 token + 1 seq bucket (0 + 0.25 * 18 padded sampler rows) beats 2 token +
+    # 2 seq buckets (14 padded tokens + 0).
     plan = plan_buckets(steps, sched, max_programs=16)
-    assert (plan.token_buckets, plan.seq_buckets, plan.num_programs) == ([1, 3, 6, 8], [1, 4], 16)
-    assert plan.expected_waste["tokens"] == pytest.approx(1 / 23)  # 1 padded of 22 + 1 computed
-    assert plan.as_flags() == "--token-buckets 1,3,6,8 --seq-buckets 1,4"
-    with pytest.raises(ValueError, match="at least 7"):
+    assert (plan.token_buckets, plan.seq_buckets, plan.num_programs) == ([1, 3, 5, 6, 8], [4], 14)
+    assert plan.expected_waste["tokens"] == 0.0
+    assert plan.as_flags() == "--token-buckets 1,3,5,6,8 --seq-buckets 4"
+    with pytest.raises(ValueError, match="at least 8"):
         plan_buckets(steps, sched, max_programs=6)
 
 
