@@ -7,6 +7,7 @@ import numpy as np
 import psutil
 
 from jaxlm.attention.backends import get_attention_backend
+from jaxlm.attention.sharded import shard_attention_backend
 from jaxlm.config import EngineConfig
 from jaxlm.core.outputs import ModelRunnerOutput
 from jaxlm.core.sched_output import SchedulerOutput
@@ -25,7 +26,8 @@ class Worker:
         self.model_runner: ModelRunner | None = None
 
     def load_model(self) -> None:
-        backend = get_attention_backend(self.config.attention_backend)
+        # Under tensor parallel each device attends over its own heads.
+        backend = shard_attention_backend(get_attention_backend(self.config.attention_backend), self.mesh)
         self.dtype = get_jax_dtype(self.config.model_config)
         model = get_model(
             self.config.model_config, self.config.load_config, attn_backend=backend, mesh=self.mesh
