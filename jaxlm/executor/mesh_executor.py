@@ -33,10 +33,11 @@ def check_tensor_parallel(hf_config, tp: int) -> None:
     if heads % tp:
         raise ValueError(
             f"tensor_parallel_size={tp} does not divide the model's num_attention_heads={heads}")
-    if kv_heads % tp:
+    if kv_heads % tp and tp % kv_heads:
+        # Fewer KV heads than devices are replicated, which needs tp to be a multiple of them.
         raise ValueError(
-            f"tensor_parallel_size={tp} does not divide the model's num_key_value_heads={kv_heads} "
-            "(KV-head replication for tensor_parallel_size > num_key_value_heads is not built yet)")
+            f"tensor_parallel_size={tp} neither divides nor is a multiple of the model's "
+            f"num_key_value_heads={kv_heads}")
 
 
 def make_mesh(tp: int, devices: list | None = None) -> jax.sharding.Mesh:

@@ -114,7 +114,8 @@ class ModelRunner:
         self.max_model_len = sched.max_model_len
         self.max_num_seqs = sched.max_num_seqs
         hf_config = config.model_config.hf_config
-        self.kv_cache_spec = type(model).get_kv_cache_spec(hf_config)
+        # From the model's own args: under tensor parallel they may hold replicated KV heads.
+        self.kv_cache_spec = type(model).kv_cache_spec(model.args)
         self.graphdef, self.params = nnx.split(model)
         self.kernel_constraints = kernel_constraints(model, self.block_size, self.kv_cache_spec.head_dim)
         c = self.kernel_constraints
