@@ -54,8 +54,8 @@ class MeshExecutor(Executor):
     def _init_executor(self) -> None:
         configure_compilation_cache(self.config.compilation_config)
         tp = self.config.parallel_config.tensor_parallel_size
-        check_tensor_parallel(self.config.model_config.hf_config, tp)
         self.mesh = make_mesh(tp)
+        check_tensor_parallel(self.config.model_config.hf_config, tp)
         logger.info("MeshExecutor: tensor parallel over %d devices %s", tp, self.mesh.devices.ravel().tolist())
         self.worker = Worker(self.config, self.mesh)
         self.worker.load_model()
