@@ -13,7 +13,7 @@ import dataclasses
 from typing import Any
 
 import jax
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import AbstractMesh, Mesh, PartitionSpec as P
 
 from jaxlm.attention.metadata import AttentionMetadata
 from jaxlm.models.utils import MODEL_AXIS
@@ -28,7 +28,7 @@ class HeadShardedBackend:
     """``backend`` run per device over ``mesh``'s ``model`` axis (an AttentionBackend too)."""
 
     backend: Any
-    mesh: Mesh
+    mesh: Mesh | AbstractMesh  # abstract: lowering without the devices (export)
 
     @property
     def name(self) -> str:
@@ -48,7 +48,7 @@ class HeadShardedBackend:
         )(q, k, v, kv_cache, md)
 
 
-def shard_attention_backend(backend: Any, mesh: Mesh | None) -> Any:
+def shard_attention_backend(backend: Any, mesh: Mesh | AbstractMesh | None) -> Any:
     """The backend wrapped for ``mesh`` when it splits heads (model axis > 1), else as is."""
     if mesh is None or mesh.shape.get(MODEL_AXIS, 1) == 1:
         return backend
