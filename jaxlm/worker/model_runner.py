@@ -162,6 +162,11 @@ class ModelRunner:
         logger.info("KV cache: %d blocks x %d tokens, %d layers, %s",
                     num_blocks, self.block_size, spec.num_layers, dtype)
 
+    def kv_cache_shards(self) -> int:
+        """Devices a KV block is split over (1 unless tensor parallel splits the KV heads)."""
+        sharding = self._kv_sharding(self.kv_cache_spec.num_kv_heads)
+        return 1 if sharding is None else sharding.mesh.shape["model"] if sharding.spec[3] else 1
+
     def _kv_sharding(self, num_kv_heads: int):
         if self.mesh is None:
             return None

@@ -50,9 +50,11 @@ class Worker:
             useful = (sched.max_num_seqs * -(-sched.max_model_len // cache.block_size) + 1) * per_block
             budget = min(_CPU_DEFAULT_KV_BYTES, psutil.virtual_memory().available // 2, useful)
         else:
-            stats = jax.devices()[0].memory_stats() or {}
+            # Measured per device, so sized by what one device holds of a block (its KV heads).
+            stats = self.mesh.devices.flat[0].memory_stats() or {}
             limit = stats.get("bytes_limit", 0) * cache.gpu_memory_utilization
             budget = int(limit - stats.get("bytes_in_use", 0))
+            per_block //= self.model_runner.kv_cache_shards()
         num_blocks = int(budget // per_block)
         if num_blocks <= 0:
             raise ValueError(

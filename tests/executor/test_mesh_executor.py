@@ -58,6 +58,8 @@ def test_each_device_holds_only_its_shard(results, name):
     assert w[2] < 0.52 * w[1] and w[4] < 0.28 * w[1], w
     # KV cache split over the 2 KV heads; at TP=4 each device holds one (replicated) KV head.
     assert kv[2] == kv[1] // 2 and kv[4] == kv[1] // 2, kv
+    # GPU memory sizing divides a block's bytes by the devices it is split over.
+    assert [results[f"{name}/{tp}"]["kv_shards"] for tp in (1, 2, 4)] == [1, 2, 4]
 
 
 def test_vocab_tp_does_not_divide_is_padded(results):

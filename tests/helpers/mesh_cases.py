@@ -60,6 +60,7 @@ def run_case(path: str, tp: int) -> dict:
         tokens=[list(o.outputs[0].token_ids) for o in outs],
         logprobs=[[{str(k): v.logprob for k, v in step.items()} for step in o.outputs[0].logprobs] for o in outs],
         weight_bytes=per_device_bytes(runner.params), kv_bytes=per_device_bytes(runner.kv_caches),
+        kv_shards=runner.kv_cache_shards(),
         compiles=runner.num_compiles_after_warmup, seconds=seconds,
         preemptions=llm.llm_engine.scheduler.num_preemptions)
     del llm
