@@ -13,6 +13,7 @@ from jaxlm.core.sched_output import SchedulerOutput
 # Executors by qualified name (resolved on use, as vLLM's distributed_executor_backend): the
 # interface never imports its implementations, so there is no import cycle.
 _UNIPROC_EXECUTOR = "jaxlm.executor.uniproc_executor:UniProcExecutor"
+_MESH_EXECUTOR = "jaxlm.executor.mesh_executor:MeshExecutor"
 
 
 class Executor(abc.ABC):
@@ -26,13 +27,13 @@ class Executor(abc.ABC):
         if parallel.pipeline_parallel_size > 1:
             raise NotImplementedError(
                 f"pipeline_parallel_size={parallel.pipeline_parallel_size}: pipeline parallelism is not "
-                "supported; the mesh executor (tensor/data parallel, not built yet) will not do it either")
-        if parallel.world_size > 1:
+                "supported yet; the mesh executor runs tensor parallel only")
+        if parallel.data_parallel_size > 1:
             raise NotImplementedError(
-                f"tensor_parallel_size={parallel.tensor_parallel_size}, data_parallel_size="
-                f"{parallel.data_parallel_size}: more than one device needs the mesh executor, which is "
-                "not built yet; use 1 (UniProcExecutor)")
-        module, name = _UNIPROC_EXECUTOR.split(":")
+                f"data_parallel_size={parallel.data_parallel_size}: data-parallel replicas are engine-core "
+                "processes (a separate issue); the mesh executor runs tensor parallel only")
+        qualified = _MESH_EXECUTOR if parallel.tensor_parallel_size > 1 else _UNIPROC_EXECUTOR
+        module, name = qualified.split(":")
         return getattr(importlib.import_module(module), name)
 
     @abc.abstractmethod

@@ -11,6 +11,7 @@ tensor split over several Params, legacy prefixes) override ``_extra_targets`` a
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any, Callable, Iterable, Protocol, Sequence
 
@@ -23,7 +24,7 @@ from jax.sharding import Mesh, PartitionSpec
 from jaxlm.core.kv_cache_utils import KVCacheSpec
 from jaxlm.model_loader.errors import UnexpectedWeightError, WeightShapeError
 from jaxlm.models.layers import LMHead
-from jaxlm.models.utils import get_param_partition_spec, hf_shape, place, to_param_layout
+from jaxlm.models.utils import MODEL_AXIS, get_param_partition_spec, hf_shape, place, to_param_layout
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +81,15 @@ class CausalLMBase(nnx.Module):
         self.dtype = jnp.dtype(dtype)
         self.mesh = mesh
         self.attn_backend = attn_backend
-        self.args = self.make_args(config)
+        tp = mesh.shape.get(MODEL_AXIS, 1) if mesh is not None else 1
+        args = self.make_args(config)
+        # The checkpoint's vocabulary; the embedding and LM head hold it padded to a multiple of
+        # the tensor-parallel size (split evenly), and the padded logits are sliced off.
+        self.vocab_size = int(args.vocab_size)
+        padded_vocab = -(-self.vocab_size // tp) * tp
+        if padded_vocab != self.vocab_size:
+            args = dataclasses.replace(args, vocab_size=padded_vocab)
+        self.args = self.args_for_tensor_parallel(args, tp)
         # True when lm_head shares the token embedding (then no lm_head.weight is expected).
         self.tie_word_embeddings = bool(self.args.tie_word_embeddings)
         self.build(config, rngs)
@@ -89,12 +98,21 @@ class CausalLMBase(nnx.Module):
         else:
             embed_dim = self.input_embedding().weight.get_value().shape[1]
             self.lm_head = LMHead(embed_dim, self.args.vocab_size, dtype=self.dtype, rngs=rngs)
+        if padded_vocab != self.vocab_size:
+            for head in (self.input_embedding(), self.lm_head):
+                if head is not None:
+                    head.weight.set_metadata("hf_pad_rows", padded_vocab - self.vocab_size)
 
     # ----- what a family supplies ------------------------------------------------------
     @classmethod
     def make_args(cls, config: Any) -> ModelArgs:
         """The family's Args dataclass from an HF config."""
         raise NotImplementedError
+
+    @classmethod
+    def args_for_tensor_parallel(cls, args: Any, tp: int) -> Any:
+        """The Args as the model is built for ``tp`` devices (a family may replicate KV heads)."""
+        return args
 
     def build(self, config: Any, rngs: nnx.Rngs) -> None:
         """Create the module tree (under the HF names) from ``self.args``."""
@@ -126,8 +144,12 @@ class CausalLMBase(nnx.Module):
 
     def compute_logits(self, hidden_states: jax.Array) -> jax.Array:
         if self.lm_head is None:
-            return self.input_embedding().attend(hidden_states)
-        return self.lm_head(hidden_states)
+            logits = self.input_embedding().attend(hidden_states)
+        else:
+            logits = self.lm_head(hidden_states)
+        if logits.shape[-1] != self.vocab_size:
+            logits = logits[:, :self.vocab_size]  # tensor-parallel padding: never sampled
+        return logits
 
     # ----- names -------------------------------------------------------------------
     def canonical_name(self, name: str) -> str:

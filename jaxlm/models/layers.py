@@ -47,11 +47,14 @@ class Linear(nnx.Module):
         dtype: jnp.dtype,
         rngs: nnx.Rngs,
         hf_layout: str = HF_TRANSPOSE,
+        kv_repeat: tuple[int, int] | None = None,
     ):
         parallel = ParallelStyle(parallel)
-        self.weight = make_param(rngs, (in_features, out_features), dtype, parallel.weight_spec, hf_layout=hf_layout)
+        self.weight = make_param(rngs, (in_features, out_features), dtype, parallel.weight_spec,
+                                 hf_layout=hf_layout, kv_repeat=kv_repeat)
         self.bias = (
-            make_param(rngs, (out_features,), dtype, parallel.bias_spec, init="zeros") if bias else None
+            make_param(rngs, (out_features,), dtype, parallel.bias_spec, init="zeros", kv_repeat=kv_repeat)
+            if bias else None
         )
 
     def __call__(self, x: jax.Array) -> jax.Array:

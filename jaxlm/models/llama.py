@@ -42,6 +42,15 @@ class LlamaArgs:
     tie_word_embeddings: bool
     # Per layer: window size or None (full attention).
     sliding_windows: tuple[int | None, ...]
+    # Each checkpoint KV head is held this many times (tensor parallel > KV heads; see for_tensor_parallel).
+    kv_repeat: int = 1
+
+    def for_tensor_parallel(self, tp: int) -> "LlamaArgs":
+        """With more devices than KV heads, each device needs its own copy of the KV head its
+        query heads read: the KV heads are repeated up to ``tp`` (tp a multiple of them)."""
+        if tp <= self.num_kv_heads:
+            return self
+        return dataclasses.replace(self, num_kv_heads=tp, kv_repeat=tp // self.num_kv_heads)
 
     @classmethod
     def from_hf_config(cls, config: Any, *, force_qkv_bias: bool = False, qk_norm: bool = False) -> "LlamaArgs":
@@ -87,8 +96,11 @@ class LlamaAttention(nnx.Module):
         self.rotary_emb = rope
         self.attn_backend = attn_backend
         self.q_proj = Linear(h, args.num_heads * d, bias=args.qkv_bias, parallel=COLUMN, dtype=dtype, rngs=rngs)
-        self.k_proj = Linear(h, args.num_kv_heads * d, bias=args.qkv_bias, parallel=COLUMN, dtype=dtype, rngs=rngs)
-        self.v_proj = Linear(h, args.num_kv_heads * d, bias=args.qkv_bias, parallel=COLUMN, dtype=dtype, rngs=rngs)
+        repeat = (args.kv_repeat, d) if args.kv_repeat > 1 else None
+        self.k_proj = Linear(h, args.num_kv_heads * d, bias=args.qkv_bias, parallel=COLUMN, dtype=dtype, rngs=rngs,
+                             kv_repeat=repeat)
+        self.v_proj = Linear(h, args.num_kv_heads * d, bias=args.qkv_bias, parallel=COLUMN, dtype=dtype, rngs=rngs,
+                             kv_repeat=repeat)
         self.o_proj = Linear(args.num_heads * d, h, bias=args.o_bias, parallel=ROW, dtype=dtype, rngs=rngs)
         if args.qk_norm:
             self.q_norm = RMSNorm(d, eps=args.rms_norm_eps, dtype=dtype, rngs=rngs)
@@ -169,6 +181,10 @@ class LlamaForCausalLM(CausalLMBase):
 
     def input_embedding(self) -> nnx.Module:
         return self.model.embed_tokens
+
+    @classmethod
+    def args_for_tensor_parallel(cls, args: LlamaArgs, tp: int) -> LlamaArgs:
+        return args.for_tensor_parallel(tp)
 
     @classmethod
     def kv_cache_spec(cls, args: LlamaArgs) -> KVCacheSpec:

@@ -33,11 +33,14 @@ def make_param(
     *,
     init: str = "normal",
     hf_layout: str = HF_AS_IS,
+    kv_repeat: tuple[int, int] | None = None,
 ) -> nnx.Param:
     """A Param of ``shape`` annotated with ``sharding`` (one mesh axis name or None per dim).
 
     Random init (normal 0.02, ones, zeros) only matters for models used without a checkpoint;
-    under ``nnx.eval_shape`` nothing is allocated.
+    under ``nnx.eval_shape`` nothing is allocated. ``kv_repeat=(r, head_dim)``: the checkpoint
+    holds 1/r of dim 0 (in HF layout) and each head of it is repeated r times on load (KV heads
+    replicated under tensor parallel > num_kv_heads).
     """
     shape = tuple(int(s) for s in shape)
     if len(sharding) != len(shape):
@@ -50,7 +53,8 @@ def make_param(
         value = jnp.zeros(shape, dtype)
     else:
         raise ValueError(f"unknown init {init!r}")
-    return nnx.Param(value, out_sharding=tuple(sharding), eager_sharding=False, hf_layout=hf_layout)
+    return nnx.Param(value, out_sharding=tuple(sharding), eager_sharding=False, hf_layout=hf_layout,
+                     kv_repeat=kv_repeat)
 
 
 def get_param_partition_spec(param: nnx.Variable) -> PartitionSpec:
@@ -85,12 +89,27 @@ def hf_shape(param: nnx.Variable) -> tuple[int, ...]:
     """Shape the HF checkpoint stores this Param in."""
     shape = tuple(param.get_value().shape)
     if param.get_metadata().get("hf_layout") == HF_TRANSPOSE:
-        return shape[::-1]
+        shape = shape[::-1]
+    repeat = param.get_metadata().get("kv_repeat")
+    if repeat is not None:
+        shape = (shape[0] // repeat[0],) + shape[1:]
+    pad = param.get_metadata().get("hf_pad_rows")
+    if pad:
+        shape = (shape[0] - pad,) + shape[1:]
     return shape
 
 
 def to_param_layout(param: nnx.Variable, array: np.ndarray) -> np.ndarray:
     """HF array -> the Param's own layout."""
+    repeat = param.get_metadata().get("kv_repeat")
+    if repeat is not None:
+        r, head_dim = repeat
+        heads = array.shape[0] // head_dim
+        array = np.repeat(array.reshape(heads, head_dim, *array.shape[1:]), r, axis=0)
+        array = array.reshape(heads * r * head_dim, *array.shape[2:])
+    pad = param.get_metadata().get("hf_pad_rows")
+    if pad:  # vocabulary rows padded for an even tensor-parallel split: zeros, sliced off the logits
+        array = np.concatenate([array, np.zeros((pad, *array.shape[1:]), array.dtype)])
     if param.get_metadata().get("hf_layout") == HF_TRANSPOSE:
         return np.ascontiguousarray(array.T)
     return array

@@ -97,6 +97,12 @@ def _unpack(flat: jax.Array, shapes: dict[str, tuple[int, ...]]) -> dict[str, ja
     return out
 
 
+def gathered(logits: jax.Array, replicated: jax.sharding.NamedSharding | None) -> jax.Array:
+    """Vocab-split logits gathered onto every device (None: one device, as is), so the sampler
+    sees the whole vocabulary as on one device and picks the same tokens."""
+    return logits if replicated is None else jax.lax.with_sharding_constraint(logits, replicated)
+
+
 def kernel_constraints(model: nnx.Module, block_size: int, head_dim: int) -> Any:
     """The attention kernels' shape rules (PallasConstraints) for this cache, or None when the
     model's backend runs no kernels for it (XLA, or a geometry the kernels don't support)."""
@@ -109,12 +115,17 @@ class ModelRunner:
     def __init__(self, config: EngineConfig, model: nnx.Module, mesh: jax.sharding.Mesh | None = None):
         self.config = config
         self.mesh = mesh
+        # Step inputs, sampling metadata and the sampled rows live replicated on a multi-device
+        # mesh (the same sharding at warm-up and serving: no resharding, no recompile).
+        self._replicated = (jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+                            if mesh is not None and mesh.size > 1 else None)
         sched = config.scheduler_config
         self.block_size = config.cache_config.block_size
         self.max_model_len = sched.max_model_len
         self.max_num_seqs = sched.max_num_seqs
         hf_config = config.model_config.hf_config
-        self.kv_cache_spec = type(model).get_kv_cache_spec(hf_config)
+        # From the model's own args: under tensor parallel they may hold replicated KV heads.
+        self.kv_cache_spec = type(model).kv_cache_spec(model.args)
         self.graphdef, self.params = nnx.split(model)
         self.kernel_constraints = kernel_constraints(model, self.block_size, self.kv_cache_spec.head_dim)
         c = self.kernel_constraints
@@ -165,6 +176,11 @@ class ModelRunner:
         logger.info("KV cache: %d blocks x %d tokens, %d layers, %s",
                     num_blocks, self.block_size, spec.num_layers, dtype)
 
+    def kv_cache_shards(self) -> int:
+        """Devices a KV block is split over (1 unless tensor parallel splits the KV heads)."""
+        sharding = self._kv_sharding(self.kv_cache_spec.num_kv_heads)
+        return 1 if sharding is None else sharding.mesh.shape["model"] if sharding.spec[3] else 1
+
     def _kv_sharding(self, num_kv_heads: int):
         if self.mesh is None:
             return None
@@ -196,7 +212,7 @@ class ModelRunner:
         return shapes
 
     def _body_fn(self, T: int, kind: str) -> Callable:
-        graphdef, k = self.graphdef, self.sampling.max_logprobs
+        graphdef, k, replicated = self.graphdef, self.sampling.max_logprobs, self._replicated
         shapes = self._step_shapes(T, kind)
 
         def body(params, kv_caches, packed):
@@ -205,26 +221,30 @@ class ModelRunner:
             md = AttentionMetadata(**{f: x[f] for f in _MD_FIELDS}, max_query_len=1 if kind == DECODE else None)
             model = nnx.merge(graphdef, params)
             hidden, kv_caches = model(x["input_ids"], md.positions, kv_caches, md)
+            selected = hidden[x["logits_indices"]]
+            if replicated is not None:
+                selected = jax.lax.with_sharding_constraint(selected, replicated)
             if kind != PROMPT_LOGPROBS:
-                return hidden[x["logits_indices"]], kv_caches
-            prompt_lps = compute_prompt_logprobs(model.compute_logits(hidden), x["next_token_ids"], k)
-            return hidden[x["logits_indices"]], prompt_lps, kv_caches
+                return selected, kv_caches
+            logits = gathered(model.compute_logits(hidden), replicated)
+            prompt_lps = compute_prompt_logprobs(logits, x["next_token_ids"], k)
+            return selected, prompt_lps, kv_caches
 
         return body
 
     def _sample_fn(self, num_rows: int) -> Callable:
-        graphdef = self.graphdef
+        graphdef, replicated = self.graphdef, self._replicated
 
         def logits_and_sample(params, hidden, sampling_md):
             model = nnx.merge(graphdef, params)
             logits = model.compute_logits(hidden[:num_rows])
-            return sample(logits, sampling_md)
+            return sample(gathered(logits, replicated), sampling_md)
 
         return logits_and_sample
 
     def _abstract_packed(self, T: int, kind: str) -> jax.ShapeDtypeStruct:
         size = sum(math.prod(shape) for shape in self._step_shapes(T, kind).values())
-        return jax.ShapeDtypeStruct((size,), jnp.int32)
+        return jax.ShapeDtypeStruct((size,), jnp.int32, sharding=self._replicated)
 
     def warm_up(self) -> None:
         """Compile every program the buckets can ask for, ahead of serving."""
@@ -235,6 +255,7 @@ class ModelRunner:
         body_jit = lambda T, kind: jax.jit(self._body_fn(T, kind), donate_argnums=(1,))  # noqa: E731
         T0 = self.token_buckets[0]
         hidden_sel, _ = jax.eval_shape(body_jit(T0, MIXED), params_spec, kv_spec, self._abstract_packed(T0, MIXED))
+        hidden_sel = jax.ShapeDtypeStruct(hidden_sel.shape, hidden_sel.dtype, sharding=self._replicated)
         jobs = [("body", (T, kind)) for kind, buckets in self.body_buckets().items() for T in buckets]
         jobs += [("sample", (S, v)) for S in self.seq_buckets for v in self.sampling.variants()]
         for what, key in tqdm(jobs, desc="Compiling buckets", unit="program"):
@@ -243,7 +264,7 @@ class ModelRunner:
                 self._body[key] = lowered.compile()
             else:
                 S, variant = key
-                md_spec = self.sampling.dummy_metadata(S, variant)
+                md_spec = self.sampling.build_host([], S, variant).to_device(self._replicated)
                 fn = jax.jit(self._sample_fn(S))
                 self._sample[key] = fn.lower(params_spec, hidden_sel, md_spec).compile()
         self.num_programs = len(self._body) + len(self._sample)
@@ -347,7 +368,7 @@ class ModelRunner:
         rows = [(self._grammars[r], i) for i, r in enumerate(inputs.sample_req_ids) if r in self._grammars]
         if rows:  # while the device runs the body; unconstrained rows stay all -1 (no mask)
             self.structured_output_manager.fill_bitmask(host_md.fields["bitmask"], rows)
-        out = self._sample[(S, variant)](self.params, hidden, host_md.to_device())
+        out = self._sample[(S, variant)](self.params, hidden, host_md.to_device(self._replicated))
         self.padding.record_samples(n, S)
         token_ids = np.asarray(out.sampled_token_ids)[:n].tolist()
         sampled = dict(zip(inputs.sample_req_ids, token_ids))
@@ -396,4 +417,5 @@ class ModelRunner:
         arrays = [getattr(x, name) for name in _STEP_FIELDS]
         if kind == PROMPT_LOGPROBS:
             arrays.append(self.input_batch.next_token_ids(x))
-        return (jax.device_put(np.concatenate([a.ravel() for a in arrays])),)
+        packed = np.concatenate([a.ravel() for a in arrays])
+        return (jax.device_put(packed, self._replicated) if self._replicated is not None else jax.device_put(packed),)

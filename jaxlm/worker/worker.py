@@ -7,6 +7,7 @@ import numpy as np
 import psutil
 
 from jaxlm.attention.backends import get_attention_backend
+from jaxlm.attention.sharded import shard_attention_backend
 from jaxlm.config import EngineConfig
 from jaxlm.core.outputs import ModelRunnerOutput
 from jaxlm.core.sched_output import SchedulerOutput
@@ -25,7 +26,8 @@ class Worker:
         self.model_runner: ModelRunner | None = None
 
     def load_model(self) -> None:
-        backend = get_attention_backend(self.config.attention_backend)
+        # Under tensor parallel each device attends over its own heads.
+        backend = shard_attention_backend(get_attention_backend(self.config.attention_backend), self.mesh)
         self.dtype = get_jax_dtype(self.config.model_config)
         model = get_model(
             self.config.model_config, self.config.load_config, attn_backend=backend, mesh=self.mesh
@@ -48,9 +50,11 @@ class Worker:
             useful = (sched.max_num_seqs * -(-sched.max_model_len // cache.block_size) + 1) * per_block
             budget = min(_CPU_DEFAULT_KV_BYTES, psutil.virtual_memory().available // 2, useful)
         else:
-            stats = jax.devices()[0].memory_stats() or {}
+            # Measured per device, so sized by what one device holds of a block (its KV heads).
+            stats = self.mesh.devices.flat[0].memory_stats() or {}
             limit = stats.get("bytes_limit", 0) * cache.gpu_memory_utilization
             budget = int(limit - stats.get("bytes_in_use", 0))
+            per_block //= self.model_runner.kv_cache_shards()
         num_blocks = int(budget // per_block)
         if num_blocks <= 0:
             raise ValueError(

@@ -14,14 +14,19 @@ from jaxlm.executor.abstract import Executor
 
 @pytest.mark.parametrize("kwargs,needle", [
     ({"pipeline_parallel_size": 2}, "pipeline_parallel_size=2"),
-    ({"tensor_parallel_size": 2}, "mesh executor"),
-    ({"data_parallel_size": 2}, "mesh executor"),
+    ({"data_parallel_size": 2}, "data_parallel_size=2"),
 ])
-def test_more_than_one_device_is_refused_naming_the_mesh_executor(kwargs, needle):
+def test_what_the_mesh_executor_does_not_run_is_refused(kwargs, needle):
     config = EngineArgs(**kwargs).create_engine_config()
     with pytest.raises(NotImplementedError, match=needle) as err:
         Executor.get_class(config)
     assert "mesh executor" in str(err.value)
+
+
+def test_tensor_parallel_gets_the_mesh_executor():
+    from jaxlm.executor.mesh_executor import MeshExecutor
+
+    assert Executor.get_class(EngineArgs(tensor_parallel_size=2).create_engine_config()) is MeshExecutor
 
 
 def test_one_device_gets_the_uniproc_executor():

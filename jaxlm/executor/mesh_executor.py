@@ -1,0 +1,71 @@
+"""MeshExecutor: one SPMD worker over a mesh of this process's devices (tensor parallel).
+
+vLLM runs one worker process per GPU and broadcasts each step to them; here one program
+spans the devices of a ``jax.sharding.Mesh`` with axes ``("data", "model")``: the weights and
+the KV cache carry PartitionSpecs over ``model``, XLA inserts the reductions after the
+row-split linears, and attention runs per device on its own heads (shard_map).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import jax
+import numpy as np
+
+from jaxlm.config import EngineConfig
+from jaxlm.core.outputs import ModelRunnerOutput
+from jaxlm.core.sched_output import SchedulerOutput
+from jaxlm.executor.abstract import Executor
+from jaxlm.executor.compilation_cache import configure_compilation_cache
+from jaxlm.models.utils import DATA_AXIS, MODEL_AXIS
+from jaxlm.worker.worker import Worker
+
+logger = logging.getLogger(__name__)
+
+
+def check_tensor_parallel(hf_config, tp: int) -> None:
+    """A clear error when ``tp`` does not divide what it splits (naming both numbers)."""
+    heads = getattr(hf_config, "num_attention_heads", None) or getattr(hf_config, "n_head", None)
+    if heads is None:
+        raise ValueError("tensor parallel needs num_attention_heads in the model config")
+    kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
+    if heads % tp:
+        raise ValueError(
+            f"tensor_parallel_size={tp} does not divide the model's num_attention_heads={heads}")
+    if kv_heads % tp and tp % kv_heads:
+        # Fewer KV heads than devices are replicated, which needs tp to be a multiple of them.
+        raise ValueError(
+            f"tensor_parallel_size={tp} neither divides nor is a multiple of the model's "
+            f"num_key_value_heads={kv_heads}")
+
+
+def make_mesh(tp: int, devices: list | None = None) -> jax.sharding.Mesh:
+    """A ("data", "model") mesh over the first ``tp`` devices; an error when there are fewer."""
+    devices = jax.devices() if devices is None else devices
+    if len(devices) < tp:
+        raise ValueError(
+            f"tensor_parallel_size={tp} needs {tp} devices, but only {len(devices)} "
+            f"{jax.default_backend()} device(s) are visible")
+    return jax.sharding.Mesh(np.array(devices[:tp]).reshape(1, tp), (DATA_AXIS, MODEL_AXIS))
+
+
+class MeshExecutor(Executor):
+    def _init_executor(self) -> None:
+        configure_compilation_cache(self.config.compilation_config)
+        tp = self.config.parallel_config.tensor_parallel_size
+        self.mesh = make_mesh(tp)
+        check_tensor_parallel(self.config.model_config.hf_config, tp)
+        logger.info("MeshExecutor: tensor parallel over %d devices %s", tp, self.mesh.devices.ravel().tolist())
+        self.worker = Worker(self.config, self.mesh)
+        self.worker.load_model()
+
+    def determine_num_available_blocks(self) -> int:
+        return self.worker.determine_num_available_blocks()
+
+    def initialize_cache(self, num_blocks: int) -> None:
+        self.worker.initialize_cache(num_blocks)
+        self.worker.compile_or_warm_up_model()
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        return self.worker.execute_model(scheduler_output)
