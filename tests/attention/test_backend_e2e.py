@@ -6,6 +6,7 @@ import numpy as np
 
 import jaxlm.attention.pallas_backend as pallas_backend
 from jaxlm import LLM, SamplingParams
+from jaxlm.sample.metadata import SERVING_VARIANTS
 from tests.helpers.tiny_models import make_tiny_engine_model
 
 
@@ -55,7 +56,7 @@ def test_pallas_equals_xla_and_decode_steps_run_the_decode_kernel(tmp_path, monk
         runner = llm.llm_engine.get_model_runner()
         if backend == "pallas":
             # One decode body, for the bucket holding max_num_seqs = 4 tokens.
-            assert runner.decode_buckets == [8] and runner.num_programs == 2 + 1 + 1 + 5
+            assert runner.decode_buckets == [8] and runner.num_programs == 2 + 1 + 1 + len(SERVING_VARIANTS)
             _record_steps(runner, calls, steps)
         outs[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert outs["pallas"] == outs["xla"]
