@@ -100,7 +100,7 @@ class LLMEngine:
             ip = self.input_processor
             eos = sorted({ip.eos_token_id, *ip.generation_eos_ids} - {None})
             mgr = StructuredOutputManager(self.tokenizer, ip.vocab_size, eos_token_ids=eos)
-            self.get_model_runner().structured_output_manager = mgr
+            self.get_model_runner().grammars.manager = mgr
             self._structured_output_manager = mgr
         return self._structured_output_manager
 

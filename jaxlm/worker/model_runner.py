@@ -53,11 +53,10 @@ from jaxlm.sample.builder import SamplingInputBuilder
 from jaxlm.sample.metadata import SERVING_VARIANTS, SamplerVariant
 from jaxlm.sample.sampler import compute_prompt_logprobs, sample
 from jaxlm.sampling_params import SamplingParams
-from jaxlm.structured_output.manager import StructuredOutputManager, StructuredOutputRequest
-from jaxlm.structured_output.params import StructuredOutputsParams
 from jaxlm.worker.buckets import (
     PaddingStats, decode_buckets, default_seq_buckets, default_token_buckets, pick_bucket,
     prompt_logprobs_buckets, validate_buckets)
+from jaxlm.worker.grammar_rows import GrammarRows
 from jaxlm.worker.input_batch import InputBatch, StepInputs
 from jaxlm.worker.prompt_logprobs import PromptLogprobsTracker
 
@@ -150,8 +149,7 @@ class ModelRunner:
             max_logprobs=config.model_config.max_logprobs, variants=SERVING_VARIANTS)
         self.prompt_logprobs = PromptLogprobsTracker()
         # Set by the engine before the first constrained request (it compiles at admission).
-        self.structured_output_manager: StructuredOutputManager | None = None
-        self._grammars: dict[str, StructuredOutputRequest] = {}  # req_id -> matcher, until finished
+        self.grammars = GrammarRows()
         self.kv_caches: list[jax.Array] | None = None
         self._body: dict[tuple[int, str], Any] = {}
         self._sample: dict[tuple[int, SamplerVariant], Any] = {}
@@ -286,24 +284,14 @@ class ModelRunner:
         for req_id in so.finished_req_ids:
             # Only a finish forgets what was delivered: a preempted request resumes from there.
             self.prompt_logprobs.finish_request(req_id)
-            self._grammars.pop(req_id, None)
+            self.grammars.finish_request(req_id)
         for new in so.scheduled_new_reqs:
             self.sampling.remove_request(new.req_id)
             self._add_sampling_request(new)
             if new.sampling_params.structured_outputs is not None:
-                self._add_grammar(new.req_id, new.sampling_params.structured_outputs, new.output_token_ids)
+                self.grammars.add_request(new.req_id, new.sampling_params.structured_outputs, new.output_token_ids)
             if new.sampling_params.prompt_logprobs is not None:
                 self.prompt_logprobs.add_request(new.req_id, len(new.prompt_token_ids))
-
-    def _add_grammar(self, req_id: str, params: StructuredOutputsParams, output_token_ids: list[int]) -> None:
-        """A matcher for a new or resumed request: a resumed one keeps its own (it has accepted
-        exactly the outputs so far); one without it is rebuilt by replaying them."""
-        kept = self._grammars.get(req_id)
-        if kept is not None and kept.num_accepted == len(output_token_ids):
-            return
-        if self.structured_output_manager is None:
-            raise RuntimeError("a constrained request reached the runner without a StructuredOutputManager")
-        self._grammars[req_id] = self.structured_output_manager.new_request(params, output_token_ids)
 
     def _body_kind(self, so: SchedulerOutput) -> str:
         if self.prompt_logprobs.owes_any(so.num_scheduled_tokens):
@@ -333,7 +321,7 @@ class ModelRunner:
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
             failed_req_ids=self._take_failed(inputs.req_ids),
-            grammar_terminated_req_ids=self._advance_grammars(sampled),
+            grammar_terminated_req_ids=self.grammars.advance(sampled),
         )
 
     def _record_padding(self, inputs: StepInputs, T: int) -> None:
@@ -365,9 +353,7 @@ class ModelRunner:
         S = pick_bucket(n, self.seq_buckets)
         variant = self.sampling.variant_of(inputs.sample_req_ids)  # once per step
         host_md = self.sampling.build_host(inputs.sample_req_ids, S, variant)
-        rows = [(self._grammars[r], i) for i, r in enumerate(inputs.sample_req_ids) if r in self._grammars]
-        if rows:  # while the device runs the body; unconstrained rows stay all -1 (no mask)
-            self.structured_output_manager.fill_bitmask(host_md.fields["bitmask"], rows)
+        self.grammars.fill_bitmask(host_md.fields, inputs.sample_req_ids)  # while the body runs
         out = self._sample[(S, variant)](self.params, hidden, host_md.to_device(self._replicated))
         self.padding.record_samples(n, S)
         token_ids = np.asarray(out.sampled_token_ids)[:n].tolist()
@@ -377,18 +363,6 @@ class ModelRunner:
             self.sampling.append_output(req_id, tok)
         logprobs = self._logprobs_rows(inputs, out, n) if out.logprob_token_ids is not None else None
         return sampled, logprobs
-
-    def _advance_grammars(self, sampled: dict[str, int]) -> set[str]:
-        """Accept each constrained request's token; the ids whose grammar is now terminated
-        (complete, or errored by a token it rejected: the request ends either way)."""
-        done = set()
-        for req_id, tok in sampled.items():
-            grammar = self._grammars.get(req_id)
-            if grammar is not None:
-                grammar.accept_token(tok)
-                if grammar.is_terminated():
-                    done.add(req_id)
-        return done
 
     def _prompt_logprobs(self, inputs: StepInputs, rows: Any) -> dict[str, LogprobsLists]:
         """Logprobs of the prompt positions computed this step that were not delivered yet."""

@@ -1,0 +1,54 @@
+"""The runner's structured-output state: one llguidance matcher per constrained request.
+
+Matchers live on the host until their request finishes; a preempted request keeps its own (it
+has accepted exactly its outputs so far), and one whose matcher is missing is rebuilt by
+replaying its outputs. The step fills the packed bitmask rows of the constrained requests while
+the device runs the body, and advances each matcher with the token sampled for it.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from jaxlm.structured_output.manager import StructuredOutputManager, StructuredOutputRequest
+from jaxlm.structured_output.params import StructuredOutputsParams
+
+
+class GrammarRows:
+    def __init__(self) -> None:
+        # Set by the engine when the first constrained request arrives (llguidance's tokenizer
+        # costs ~0.5 s, so engines that never constrain don't build it).
+        self.manager: StructuredOutputManager | None = None
+        self._grammars: dict[str, StructuredOutputRequest] = {}  # req_id -> matcher, until finished
+
+    def add_request(self, req_id: str, params: StructuredOutputsParams, output_token_ids: list[int]) -> None:
+        kept = self._grammars.get(req_id)
+        if kept is not None and kept.num_accepted == len(output_token_ids):
+            return
+        if self.manager is None:
+            raise RuntimeError("a constrained request reached the runner without a StructuredOutputManager")
+        self._grammars[req_id] = self.manager.new_request(params, output_token_ids)
+
+    def finish_request(self, req_id: str) -> None:
+        self._grammars.pop(req_id, None)
+
+    def fill_bitmask(self, host_fields: dict[str, np.ndarray], sample_req_ids: Sequence[str]) -> None:
+        """Mask rows of the constrained requests in the sampler's host arrays (the "bitmask" field,
+        present in the variants that constrained rows select); unconstrained rows stay all -1."""
+        rows = [(self._grammars[r], i) for i, r in enumerate(sample_req_ids) if r in self._grammars]
+        if rows:
+            self.manager.fill_bitmask(host_fields["bitmask"], rows)
+
+    def advance(self, sampled: dict[str, int]) -> set[str]:
+        """Accept each constrained request's token; the ids whose grammar is now terminated
+        (complete, or errored by a token it rejected: the request ends either way)."""
+        done = set()
+        for req_id, tok in sampled.items():
+            grammar = self._grammars.get(req_id)
+            if grammar is not None:
+                grammar.accept_token(tok)
+                if grammar.is_terminated():
+                    done.add(req_id)
+        return done
