@@ -13,13 +13,8 @@ import logging
 import jax
 import numpy as np
 
-from jaxlm.config import EngineConfig
-from jaxlm.core.outputs import ModelRunnerOutput
-from jaxlm.core.sched_output import SchedulerOutput
-from jaxlm.executor.abstract import Executor
-from jaxlm.executor.compilation_cache import configure_compilation_cache
+from jaxlm.executor.uniproc_executor import UniProcExecutor
 from jaxlm.models.utils import DATA_AXIS, MODEL_AXIS
-from jaxlm.worker.worker import Worker
 
 logger = logging.getLogger(__name__)
 
@@ -50,22 +45,12 @@ def make_mesh(tp: int, devices: list | None = None) -> jax.sharding.Mesh:
     return jax.sharding.Mesh(np.array(devices[:tp]).reshape(1, tp), (DATA_AXIS, MODEL_AXIS))
 
 
-class MeshExecutor(Executor):
-    def _init_executor(self) -> None:
-        configure_compilation_cache(self.config.compilation_config)
+class MeshExecutor(UniProcExecutor):
+    """The same single in-process worker, over a mesh of ``tensor_parallel_size`` devices."""
+
+    def _make_mesh(self) -> jax.sharding.Mesh:
         tp = self.config.parallel_config.tensor_parallel_size
-        self.mesh = make_mesh(tp)
+        mesh = make_mesh(tp)
         check_tensor_parallel(self.config.model_config.hf_config, tp)
-        logger.info("MeshExecutor: tensor parallel over %d devices %s", tp, self.mesh.devices.ravel().tolist())
-        self.worker = Worker(self.config, self.mesh)
-        self.worker.load_model()
-
-    def determine_num_available_blocks(self) -> int:
-        return self.worker.determine_num_available_blocks()
-
-    def initialize_cache(self, num_blocks: int) -> None:
-        self.worker.initialize_cache(num_blocks)
-        self.worker.compile_or_warm_up_model()
-
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        return self.worker.execute_model(scheduler_output)
+        logger.info("MeshExecutor: tensor parallel over %d devices %s", tp, mesh.devices.ravel().tolist())
+        return mesh

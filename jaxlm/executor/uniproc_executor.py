@@ -13,12 +13,17 @@ from jaxlm.worker.worker import Worker
 
 
 class UniProcExecutor(Executor):
+    """One worker in this process; its mesh is one device here (MeshExecutor: several)."""
+
     def _init_executor(self) -> None:
         configure_compilation_cache(self.config.compilation_config)  # engine start: once, before compiling
-        # Auto axes: GSPMD propagates shardings (explicit axes would demand them on every gather).
-        mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("data", "model"))
-        self.worker = Worker(self.config, mesh)
+        self.mesh = self._make_mesh()
+        self.worker = Worker(self.config, self.mesh)
         self.worker.load_model()
+
+    def _make_mesh(self) -> jax.sharding.Mesh:
+        # Auto axes: GSPMD propagates shardings (explicit axes would demand them on every gather).
+        return jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("data", "model"))
 
     def determine_num_available_blocks(self) -> int:
         return self.worker.determine_num_available_blocks()
