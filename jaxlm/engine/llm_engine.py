@@ -46,7 +46,7 @@ class LLMEngine:
             raise ValueError(
                 f"The model's max seq len ({mc.max_model_len}) is larger than the maximum number of tokens "
                 f"that can be stored in KV cache ({capacity}). Increase the KV cache memory "
-                "(--kv-cache-memory, --num-gpu-blocks-override) or decrease --max-model-len.")
+                "(--kv-cache-memory-bytes, --num-gpu-blocks-override) or decrease --max-model-len.")
         config.cache_config.num_gpu_blocks = num_blocks
         self.executor.initialize_cache(num_blocks)
         self.scheduler = Scheduler(config.scheduler_config, config.cache_config)
@@ -63,7 +63,7 @@ class LLMEngine:
             logger.info("Default sampling parameters from the model's generation config: %s "
                         "(request fields override them; --generation-config vllm ignores them)",
                         self.default_sampling_params)
-        # Admission asks the sampler what it can honour; B's runner builds its own with the same limits.
+        # Admission asks the sampler what it can honour; the runner's builder has the same limits.
         checker = SamplingInputBuilder(vocab, mc.max_model_len, max_logprobs=mc.max_logprobs)
         self.input_processor = InputProcessor(
             self.tokenizer, mc.max_model_len, vocab, self.eos_token_id,
