@@ -45,6 +45,9 @@ class StructuredOutputsParams:
     disable_any_whitespace: bool = False
     # jaxlm's JSON whitespace policy: "bounded" (json.dumps' separators only) or "flexible".
     whitespace: str = "bounded"
+    # Reasoning models (set by the server's --reasoning-parser): the constraint starts after one
+    # of these ids (e.g. </think>) is generated; before it, decoding is free (vLLM's behaviour).
+    reasoning_end_token_ids: list[int] | None = None
 
     def __post_init__(self) -> None:
         given = [k for k in CONSTRAINT_KINDS if getattr(self, k) not in (None, False)]
@@ -61,6 +64,10 @@ class StructuredOutputsParams:
             raise ValueError("structured_outputs.disable_any_whitespace must be a bool")
         if self.disable_any_whitespace and self.whitespace == "flexible":
             raise ValueError("structured_outputs: disable_any_whitespace contradicts whitespace='flexible'")
+        ends = self.reasoning_end_token_ids
+        if ends is not None and (not isinstance(ends, (list, tuple)) or not ends
+                                 or not all(isinstance(t, int) and t >= 0 for t in ends)):
+            raise ValueError("structured_outputs.reasoning_end_token_ids must be a non-empty list of token ids")
 
     def _check_constraint(self, kind: str) -> None:
         value = getattr(self, kind)
