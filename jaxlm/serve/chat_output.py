@@ -60,8 +60,6 @@ class ChoiceOutput:
         if self.reasoning is not None:
             step = self.reasoning.extract_reasoning_content_streaming(previous, self._text, delta_text)
             reasoning_delta, answer_delta = (step.reasoning_content, step.content) if step else (None, None)
-        if not answer_delta and self.tools is None:
-            return DeltaMessage(reasoning_content=reasoning_delta) if reasoning_delta else None
         out = DeltaMessage(reasoning_content=reasoning_delta, content=answer_delta or None)
         if self.tools is not None and answer_delta:
             previous_answer, self._answer = self._answer, self._answer + answer_delta

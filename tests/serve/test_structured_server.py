@@ -187,3 +187,23 @@ def test_auto_tool_choice_needs_the_server_flags(fake_server_factory):
     out = client.chat.completions.create(model=client.models.list().data[0].id, messages=MESSAGES,
                                          tools=TOOLS, tool_choice="none", max_tokens=4)
     assert out.choices[0].message.content and not out.choices[0].message.tool_calls
+
+
+def test_reasoning_parser_splits_whole_and_streamed(server):
+    # A second front end over the same engine, with --reasoning-parser. The tiny tokenizer has
+    # no </think> token, so the constraint (here forcing a reasoning-shaped text) applies from
+    # the first token; tests/structured_output covers the engine waiting for the end token.
+    srv = ServerThread(server.engine, ["--served-model-name", MODEL, "--reasoning-parser", "deepseek_r1"])
+    try:
+        client = srv.client()
+        kw = dict(seed=4, extra_body={"guided_regex": r'[a-z]{1,6}</think>\{"a": [0-9]\}'})
+        msg = _chat(client, **kw).choices[0].message
+        assert msg.reasoning_content.isalpha() and json.loads(msg.content)["a"] in range(10)
+        reasoning, content = "", ""
+        for chunk in _chat(client, stream=True, **kw):
+            if chunk.choices:
+                reasoning += getattr(chunk.choices[0].delta, "reasoning_content", None) or ""
+                content += chunk.choices[0].delta.content or ""
+        assert (reasoning, content) == (msg.reasoning_content, msg.content)
+    finally:
+        srv.stop()
