@@ -60,3 +60,12 @@ def test_the_constraint_waits_for_the_reasoning_end_unless_the_prompt_closed_it(
     closed = ChatOutputParsers(reasoning=reasoning, prompt_reasoning_ended=True)
     assert OpenAIServingChat._constraint(None, REQUEST, closed).reasoning_end_token_ids is None
     assert closed.for_choice().message("all answer", REQUEST)[0].content == "all answer"
+
+
+def test_tools_reach_the_chat_template_whatever_the_tool_choice():
+    from jaxlm.serve.chat_template import template_kwargs
+
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    request = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], tools=[tool], tool_choice="none",
+                                    chat_template_kwargs={"enable_thinking": False})
+    assert template_kwargs(request) == {"enable_thinking": False, "tools": [tool]}
