@@ -39,7 +39,6 @@ class OpenAIBaseModel(BaseModel):
 # off values (None, False, 0, empty, and the ones listed) mean what leaving the field out means.
 UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
     "guided_decoding_backend": (),
-    "guided_whitespace_pattern": (),
     "parallel_tool_calls": (True,),
     "functions": (),
     "function_call": ("none", "auto"),
@@ -164,6 +163,7 @@ class SamplingRequest(OpenAIBaseModel):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    guided_whitespace_pattern: str | None = None
 
     def unsupported_field(self) -> str | None:
         """The first field of the OpenAI / vLLM schema set here that jaxlm does not implement."""

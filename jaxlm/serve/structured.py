@@ -15,7 +15,8 @@ from jaxlm.structured_output.params import StructuredOutputsParams
 _GUIDED_FIELDS = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
                   "guided_grammar": "grammar"}
 # What a request's structured_outputs object may set (the engine-side fields are the server's).
-_REQUEST_FIELDS = ("json", "regex", "choice", "grammar", "json_object", "disable_any_whitespace", "whitespace")
+_REQUEST_FIELDS = ("json", "regex", "choice", "grammar", "json_object", "disable_any_whitespace", "whitespace",
+                   "whitespace_pattern")
 
 
 def _response_format_fields(request: Any) -> dict[str, Any] | None:
@@ -65,9 +66,14 @@ def structured_outputs_for(request: Any, implied: tuple[str, dict[str, Any]] | N
     if len(sources) > 1:
         names = sorted(sources)
         raise OpenAIError(f"only one output constraint per request; got {', '.join(names)}", 400, names[0])
+    pattern = request.guided_whitespace_pattern
     if not sources:
+        if pattern is not None:
+            raise OpenAIError("guided_whitespace_pattern needs a JSON constraint", 400, "guided_whitespace_pattern")
         return None
     (name, fields), = sources.items()
+    if pattern is not None:
+        fields = {**fields, "whitespace_pattern": pattern}
     try:
         return StructuredOutputsParams(**fields)
     except (ValueError, TypeError) as e:

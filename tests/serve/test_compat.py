@@ -179,7 +179,6 @@ def test_default_sampling_comes_from_the_generation_config(http):
 
 # ------------------------------------------------------------------ unsupported and unknown fields
 _UNSUPPORTED = [
-    ("guided_whitespace_pattern", "[ ]?"),
     ("guided_decoding_backend", "xgrammar"),
     ("functions", [{"name": "f"}]),
     ("best_of", 3),
@@ -218,8 +217,8 @@ def test_openai_client_sends_vllm_extras(real_server):
     assert out.choices[0].text == "".join([AutoTokenizer.from_pretrained(real_server.model_path).decode([7])] * 3)
     with pytest.raises(openai.BadRequestError) as err:
         client.completions.create(model=SERVED_MODEL, prompt="Hello", max_tokens=3,
-                                  extra_body={"guided_whitespace_pattern": "[ ]?"})
-    assert "guided_whitespace_pattern" in str(err.value)
+                                  extra_body={"guided_decoding_backend": "xgrammar"})
+    assert "guided_decoding_backend" in str(err.value)
 
 
 def test_tokenizer_info_is_opt_in(fake_server_factory, real_server):

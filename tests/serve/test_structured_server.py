@@ -90,6 +90,8 @@ def test_parse_with_a_pydantic_model(client):
     ({"guided_choice": ["up", "down"]}, lambda t: t in ("up", "down")),
     ({"guided_json": CITY_SCHEMA}, lambda t: jsonschema.validate(json.loads(t), CITY_SCHEMA) is None),
     ({"guided_grammar": 'start: "x" | "y" "z"'}, lambda t: t in ("x", "yz")),
+    ({"guided_json": CITY_SCHEMA, "guided_whitespace_pattern": "[ ]?"},
+     lambda t: jsonschema.validate(json.loads(t), CITY_SCHEMA) is None and "  " not in t),
 ])
 def test_vllm_fields_on_completions_and_chat(client, extra, valid):
     out = client.completions.create(model=MODEL, prompt="Hello", max_tokens=64, temperature=1.0, seed=1,
@@ -167,6 +169,7 @@ def test_auto_tool_choice_with_hermes_whole_and_streamed(client):
     ({"tools": TOOLS, "tool_choice": "required", "guided_regex": "a"}, "guided_regex"),
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
     ({"tool_choice": "required"}, "tool_choice"),
+    ({"guided_whitespace_pattern": " "}, "guided_whitespace_pattern"),
 ])
 def test_bad_constraints_get_a_400_and_the_server_stays_healthy(server, body, param):
     with httpx.Client(base_url=server.base, timeout=60) as http:
