@@ -21,6 +21,15 @@ def held_back(text: str, marker: str) -> int:
     return 0
 
 
+def token_id(tokenizer: Any, token: str) -> int | None:
+    """The id of token when it is one token of the vocabulary (a lookup, not get_vocab(): a
+    parser is made per request), else None."""
+    if tokenizer is None:
+        return None
+    tid = tokenizer.convert_tokens_to_ids(token)
+    return tid if isinstance(tid, int) and tokenizer.convert_ids_to_tokens(tid) == token else None
+
+
 class BaseThinkingReasoningParser(ReasoningParser):
     start_token: str = "<think>"
     end_token: str = "</think>"
@@ -31,9 +40,8 @@ class BaseThinkingReasoningParser(ReasoningParser):
 
     def __init__(self, tokenizer: Any) -> None:
         super().__init__(tokenizer)
-        vocab = tokenizer.get_vocab() if tokenizer is not None else {}
-        self.start_token_id: int | None = vocab.get(self.start_token)
-        self.end_token_id: int | None = vocab.get(self.end_token)
+        self.start_token_id = token_id(tokenizer, self.start_token)
+        self.end_token_id = token_id(tokenizer, self.end_token)
         self._emitted = 0  # streaming: characters of the reasoning already sent
         self._ended = False  # streaming: the rest is answer
 

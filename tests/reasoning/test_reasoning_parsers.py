@@ -8,8 +8,13 @@ from jaxlm.reasoning import DeepSeekR1ReasoningParser, Qwen3ReasoningParser, Rea
 
 
 class _Vocab:
-    def get_vocab(self):
-        return {"<think>": 5, "</think>": 6}
+    vocab = {"<think>": 5, "</think>": 6, "<unk>": 0}
+
+    def convert_tokens_to_ids(self, token):
+        return self.vocab.get(token, 0)
+
+    def convert_ids_to_tokens(self, tid):
+        return {v: k for k, v in self.vocab.items()}[tid]
 
 
 def stream(parser, text, size):
@@ -55,3 +60,16 @@ def test_registry():
     assert ReasoningParserManager.get_reasoning_parser("deepseek_r1") is DeepSeekR1ReasoningParser
     with pytest.raises(ValueError, match="qwen3"):
         ReasoningParserManager.get_reasoning_parser("nope")
+
+
+def test_end_token_id_from_a_real_tokenizer(tmp_path):
+    from transformers import PreTrainedTokenizerFast
+
+    from tests.helpers.tiny_tokenizer import write_byte_tokenizer
+
+    tok = PreTrainedTokenizerFast.from_pretrained(write_byte_tokenizer(tmp_path))
+    assert DeepSeekR1ReasoningParser(tok).reasoning_end_token_ids == []  # no single </think> token
+    tok.add_special_tokens({"additional_special_tokens": ["<think>", "</think>"]})
+    parser = DeepSeekR1ReasoningParser(tok)
+    assert parser.reasoning_end_token_ids == [tok.convert_tokens_to_ids("</think>")]
+    assert parser.is_reasoning_end(tok.encode("<think>x</think>y", add_special_tokens=False))

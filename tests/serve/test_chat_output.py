@@ -16,8 +16,13 @@ TEXT = 'thinking about <tools></think>Sure. <tool_call>{"name": "f", "arguments"
 
 
 class _Vocab:
-    def get_vocab(self):
-        return {"<think>": 5, "</think>": 6}
+    vocab = {"<think>": 5, "</think>": 6, "<unk>": 0}
+
+    def convert_tokens_to_ids(self, token):
+        return self.vocab.get(token, 0)
+
+    def convert_ids_to_tokens(self, tid):
+        return {v: k for k, v in self.vocab.items()}[tid]
 
 
 def _parsers(**kw) -> ChatOutputParsers:
