@@ -23,18 +23,22 @@ class ChatOutputParsers:
     prompt_reasoning_ended: bool = False
     # "required" and named choices report tool_calls by finish_reason differently (vLLM's rules).
     finish_as_tool_calls: Callable[[bool, str | None], str | None] = lambda called, reason: reason
+    # parallel_tool_calls=False: only the first call is kept (vLLM's behaviour).
+    single_tool_call: bool = False
 
     def for_choice(self) -> "ChoiceOutput":
         reasoning = self.reasoning() if self.reasoning and not self.prompt_reasoning_ended else None
-        return ChoiceOutput(reasoning, self.tools() if self.tools else None, self.finish_as_tool_calls)
+        return ChoiceOutput(reasoning, self.tools() if self.tools else None, self.finish_as_tool_calls,
+                            self.single_tool_call)
 
 
 class ChoiceOutput:
     def __init__(self, reasoning: ReasoningParser | None, tools: ToolParser | None,
-                 finish: Callable[[bool, str | None], str | None]) -> None:
+                 finish: Callable[[bool, str | None], str | None], single_tool_call: bool = False) -> None:
         self.reasoning = reasoning
         self.tools = tools
         self._finish = finish
+        self._max_calls = 1 if single_tool_call else None
         self._text = ""  # streaming: everything generated
         self._answer = ""  # streaming: the part after the reasoning
         self._sent = {"reasoning_content": "", "content": ""}  # streaming: what deltas carried
@@ -51,7 +55,7 @@ class ChoiceOutput:
             return ChatResponseMessage(content=answer, reasoning_content=reasoning), False
         info = self.tools.extract_tool_calls(answer or "", request)
         return ChatResponseMessage(content=info.content, reasoning_content=reasoning,
-                                   tool_calls=info.tool_calls), info.tools_called
+                                   tool_calls=info.tool_calls[:self._max_calls]), info.tools_called
 
     def delta(self, delta_text: str, request: Any) -> DeltaMessage | None:
         """What delta_text adds to the streamed message; None: nothing to send yet."""
@@ -65,6 +69,8 @@ class ChoiceOutput:
             previous_answer, self._answer = self._answer, self._answer + answer_delta
             step = self.tools.extract_tool_calls_streaming(previous_answer, self._answer, answer_delta, request)
             out.content, out.tool_calls = (step.content, step.tool_calls) if step else (None, None)
+            if out.tool_calls and self._max_calls is not None:
+                out.tool_calls = [tc for tc in out.tool_calls if tc.index < self._max_calls] or None
         if not (out.reasoning_content or out.content or out.tool_calls):
             return None
         self._sent["reasoning_content"] += out.reasoning_content or ""

@@ -39,7 +39,6 @@ class OpenAIBaseModel(BaseModel):
 # off values (None, False, 0, empty, and the ones listed) mean what leaving the field out means.
 UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
     "guided_decoding_backend": (),
-    "parallel_tool_calls": (True,),
     "functions": (),
     "function_call": ("none", "auto"),
     "use_beam_search": (),
@@ -313,6 +312,7 @@ class ChatCompletionRequest(SamplingRequest):
     tools: list[ChatCompletionToolsParam] | None = None
     # None: "auto" when tools are given, else "none" (OpenAI's default).
     tool_choice: Literal["none", "auto", "required"] | ChatCompletionNamedToolChoiceParam | None = None
+    parallel_tool_calls: bool | None = True  # False: at most one call
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

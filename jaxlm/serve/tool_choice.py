@@ -47,7 +47,10 @@ def tool_choice_constraint(request: Any) -> tuple[str, dict[str, Any]] | None:
                                  "parameters": _parameters(t)},
                   "required": ["name", "parameters"], "additionalProperties": False}
                  for t in tools]
-        return "tool_choice", {"json": {"type": "array", "minItems": 1, "items": {"anyOf": items}}}
+        array = {"type": "array", "minItems": 1, "items": {"anyOf": items}}
+        if request.parallel_tool_calls is False:
+            array["maxItems"] = 1
+        return "tool_choice", {"json": array}
     name = choice.function.name
     tool = next((t for t in tools if t.function.name == name), None)
     if tool is None:

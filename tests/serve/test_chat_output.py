@@ -74,3 +74,14 @@ def test_tools_reach_the_chat_template_whatever_the_tool_choice():
     request = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], tools=[tool], tool_choice="none",
                                     chat_template_kwargs={"enable_thinking": False})
     assert template_kwargs(request) == {"enable_thinking": False, "tools": [tool]}
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call():
+    text = ('<tool_call>{"name": "f", "arguments": {}}</tool_call><tool_call>{"name": "g", "arguments": {}}'
+            "</tool_call>")
+    single = ChatOutputParsers(tools=partial(Hermes2ProToolParser, None), single_tool_call=True)
+    message, called = single.for_choice().message(text, REQUEST)
+    assert called and [c.function.name for c in message.tool_calls] == ["f"]
+    out = single.for_choice()
+    names = [tc.function.name for c in text for d in [out.delta(c, REQUEST)] if d for tc in d.tool_calls or []]
+    assert [n for n in names if n] == ["f"]

@@ -181,6 +181,7 @@ def test_default_sampling_comes_from_the_generation_config(http):
 _UNSUPPORTED = [
     ("guided_decoding_backend", "xgrammar"),
     ("functions", [{"name": "f"}]),
+    ("function_call", {"name": "f"}),
     ("best_of", 3),
     ("use_beam_search", True),
     ("logits_processors", ["x.Y"]),

@@ -210,3 +210,9 @@ def test_reasoning_parser_splits_whole_and_streamed(server):
         assert (reasoning, content) == (msg.reasoning_content, msg.content)
     finally:
         srv.stop()
+
+
+def test_required_with_parallel_tool_calls_false_makes_one_call(client):
+    out = _chat(client, tools=TOOLS, tool_choice="required", parallel_tool_calls=False, seed=1, max_tokens=160)
+    [call] = out.choices[0].message.tool_calls
+    jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
