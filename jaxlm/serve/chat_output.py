@@ -25,20 +25,24 @@ class ChatOutputParsers:
     finish_as_tool_calls: Callable[[bool, str | None], str | None] = lambda called, reason: reason
     # parallel_tool_calls=False: only the first call is kept (vLLM's behaviour).
     single_tool_call: bool = False
+    # include_reasoning=False (vLLM's): the reasoning is split off and dropped.
+    include_reasoning: bool = True
 
     def for_choice(self) -> "ChoiceOutput":
         reasoning = self.reasoning() if self.reasoning and not self.prompt_reasoning_ended else None
         return ChoiceOutput(reasoning, self.tools() if self.tools else None, self.finish_as_tool_calls,
-                            self.single_tool_call)
+                            self.single_tool_call, self.include_reasoning)
 
 
 class ChoiceOutput:
     def __init__(self, reasoning: ReasoningParser | None, tools: ToolParser | None,
-                 finish: Callable[[bool, str | None], str | None], single_tool_call: bool = False) -> None:
+                 finish: Callable[[bool, str | None], str | None], single_tool_call: bool = False,
+                 include_reasoning: bool = True) -> None:
         self.reasoning = reasoning
         self.tools = tools
         self._finish = finish
         self._max_calls = 1 if single_tool_call else None
+        self._include_reasoning = include_reasoning
         self._text = ""  # streaming: everything generated
         self._answer = ""  # streaming: the part after the reasoning
         self._sent = {"reasoning_content": "", "content": ""}  # streaming: what deltas carried
@@ -51,6 +55,7 @@ class ChoiceOutput:
         """The non-streaming message and whether it calls tools."""
         reasoning, answer = (None, text) if self.reasoning is None else \
             self.reasoning.extract_reasoning_content(text)
+        reasoning = reasoning if self._include_reasoning else None
         if self.tools is None:
             return ChatResponseMessage(content=answer, reasoning_content=reasoning), False
         info = self.tools.extract_tool_calls(answer or "", request)
@@ -64,6 +69,7 @@ class ChoiceOutput:
         if self.reasoning is not None:
             step = self.reasoning.extract_reasoning_content_streaming(previous, self._text, delta_text)
             reasoning_delta, answer_delta = (step.reasoning_content, step.content) if step else (None, None)
+            reasoning_delta = reasoning_delta if self._include_reasoning else None
         out = DeltaMessage(reasoning_content=reasoning_delta, content=answer_delta or None)
         if self.tools is not None and answer_delta:
             previous_answer, self._answer = self._answer, self._answer + answer_delta

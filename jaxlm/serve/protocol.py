@@ -53,7 +53,6 @@ UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
     "mm_processor_kwargs": (),
     "documents": (),
     "reasoning_effort": (),
-    "include_reasoning": (True,),
     "modalities": (["text"],),
     "audio": (),
     "prediction": (),
@@ -313,6 +312,7 @@ class ChatCompletionRequest(SamplingRequest):
     # None: "auto" when tools are given, else "none" (OpenAI's default).
     tool_choice: Literal["none", "auto", "required"] | ChatCompletionNamedToolChoiceParam | None = None
     parallel_tool_calls: bool | None = True  # False: at most one call
+    include_reasoning: bool = True  # False: no reasoning_content (--reasoning-parser)
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

@@ -112,7 +112,8 @@ class OpenAIServingChat(OpenAIServing):
                                "reasoning; output constraints apply from the first token", args.reasoning_parser)
 
     def _output_parsers(self, request: ChatCompletionRequest, prompt_ids: list[int]) -> ChatOutputParsers:
-        parsers = ChatOutputParsers(single_tool_call=request.parallel_tool_calls is False)
+        parsers = ChatOutputParsers(single_tool_call=request.parallel_tool_calls is False,
+                                    include_reasoning=request.include_reasoning)
         if self.reasoning_parser is not None:
             parsers.reasoning = partial(self.reasoning_parser, self.tokenizer)
             parsers.prompt_reasoning_ended = parsers.reasoning().is_reasoning_end(prompt_ids)

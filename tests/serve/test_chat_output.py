@@ -85,3 +85,12 @@ def test_parallel_tool_calls_false_keeps_the_first_call():
     out = single.for_choice()
     names = [tc.function.name for c in text for d in [out.delta(c, REQUEST)] if d for tc in d.tool_calls or []]
     assert [n for n in names if n] == ["f"]
+
+
+def test_include_reasoning_false_drops_the_reasoning():
+    parsers = ChatOutputParsers(reasoning=partial(DeepSeekR1ReasoningParser, None), include_reasoning=False)
+    message, _ = parsers.for_choice().message("hmm</think>answer", REQUEST)
+    assert (message.reasoning_content, message.content) == (None, "answer")
+    out = parsers.for_choice()
+    deltas = [d for d in (out.delta(c, REQUEST) for c in "hmm</think>answer") if d]
+    assert "".join(d.content or "" for d in deltas) == "answer" and not any(d.reasoning_content for d in deltas)
