@@ -92,8 +92,11 @@ class LLM:
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
              use_tqdm: bool = True, chat_template: str | None = None,
              add_generation_prompt: bool = True, continue_final_message: bool = False,
-             chat_template_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:
-        """Render each conversation with the tokenizer's chat template, then generate."""
+             chat_template_kwargs: dict[str, Any] | None = None,
+             tools: list[dict[str, Any]] | None = None) -> list[RequestOutput]:
+        """Render each conversation with the tokenizer's chat template, then generate. tools
+        (OpenAI's {"type": "function", "function": {...}} dicts) reach the template as ``tools``;
+        to force a call, constrain the output (SamplingParams(structured_outputs=...))."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         tokenizer = self.get_tokenizer()
         prompts = []
@@ -101,7 +104,7 @@ class LLM:
             ids = tokenizer.apply_chat_template(
                 conversation, chat_template=chat_template, add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message, tokenize=True, return_dict=False,
-                **(chat_template_kwargs or {}))
+                tools=tools, **(chat_template_kwargs or {}))
             if isinstance(ids, dict) or hasattr(ids, "input_ids"):
                 ids = ids["input_ids"]
             prompts.append({"prompt_token_ids": list(ids)})

@@ -77,6 +77,7 @@ def init_app_state(engine: AsyncLLMEngine, state: Any, args: argparse.Namespace)
     state.serving_chat = OpenAIServingChat(engine, names, max_model_len, state.metrics)
     state.serving_chat.template_policy = ChatTemplatePolicy(
         trust_request_chat_template=args.trust_request_chat_template, timeout_s=args.chat_template_timeout)
+    state.serving_chat.configure(args)  # tool-call and reasoning parsers
 
 
 def create_server_socket(host: str, port: int) -> socket.socket:

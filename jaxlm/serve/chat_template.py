@@ -56,9 +56,13 @@ def request_template(request: Any) -> str | None:
 
 
 def template_kwargs(request: Any) -> dict[str, Any]:
-    """chat_template_kwargs without the template itself."""
+    """chat_template_kwargs without the template itself, and the request's tools (as OpenAI
+    sends them: {"type": "function", "function": {...}}) whatever its tool_choice, as vLLM."""
     kwargs = dict(getattr(request, "chat_template_kwargs", None) or {})
     kwargs.pop("chat_template", None)
+    tools = getattr(request, "tools", None)
+    if tools:
+        kwargs["tools"] = [t.model_dump(exclude_none=True) for t in tools]
     return kwargs
 
 
@@ -78,9 +82,9 @@ async def render_chat_request(serving: Any, request: Any) -> list[int]:
     if not policy.trust_request_chat_template:
         raise OpenAIError(f"chat templates in requests are refused unless the server runs with {TRUST_FLAG}",
                           400, "chat_template")
-    from jaxlm.serve.serving_chat import _content_text  # the same content flattening as the model template
+    from jaxlm.serve.serving_chat import conversation as to_conversation  # as the model template sees it
 
-    conversation = [{"role": m.role, "content": _content_text(m.content)} for m in request.messages]
+    conversation = to_conversation(request.messages)
     variables = {**_special_tokens(serving.tokenizer), **kwargs, "messages": conversation,
                  "add_generation_prompt": add_generation_prompt and not continue_final}
 

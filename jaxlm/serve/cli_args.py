@@ -25,6 +25,8 @@ class ServeArgumentParser(argparse.ArgumentParser):
             if ns.model is not None and ns.model != tag:
                 self.error(f"the model is given twice: positional {tag!r} and --model {ns.model!r}")
             ns.model = tag
+        if ns.enable_auto_tool_choice and not ns.tool_call_parser:
+            self.error("--enable-auto-tool-choice needs --tool-call-parser")
         if ns.api_key is None:
             env = os.environ.get("JAXLM_API_KEY") or os.environ.get("VLLM_API_KEY")
             ns.api_key = [env] if env else None
@@ -88,6 +90,23 @@ def _add_server_args(parser: argparse.ArgumentParser) -> None:
     server.add_argument("--disable-uvicorn-access-log", action="store_true", help="no per-request access log")
     server.add_argument("--enable-tokenizer-info-endpoint", action="store_true",
                         help="serve GET /tokenizer_info (tokenizer config and chat template; lm-eval's remote tokenizer)")
+    _add_tool_args(parser)
+
+
+def _add_tool_args(parser: argparse.ArgumentParser) -> None:
+    from jaxlm.reasoning import ReasoningParserManager
+    from jaxlm.serve.tool_parsers import ToolParserManager
+
+    tools = parser.add_argument_group("tool calling and reasoning", "chat completions (vLLM's flags)")
+    tools.add_argument("--enable-auto-tool-choice", action="store_true",
+                       help='allow tool_choice "auto" (the default when a request has tools): the model\'s '
+                            "text is parsed into tool_calls by --tool-call-parser")
+    tools.add_argument("--tool-call-parser", default=None, choices=sorted(ToolParserManager.tool_parsers),
+                       help="how the model writes tool calls (hermes: <tool_call>{...}</tool_call>; "
+                            "llama3_json: {\"name\": ..., \"parameters\": ...})")
+    tools.add_argument("--reasoning-parser", default=None, choices=sorted(ReasoningParserManager.reasoning_parsers),
+                       help="split <think>...</think> into reasoning_content; output constraints apply "
+                            "after the reasoning ends")
 
 
 def make_arg_parser(prog: str = "python -m jaxlm.serve") -> ServeArgumentParser:

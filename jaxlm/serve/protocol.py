@@ -10,6 +10,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from jaxlm.sampling_params import RequestOutputKind, SamplingParams
+from jaxlm.serve.protocol_tools import (
+    ChatCompletionNamedToolChoiceParam,
+    ChatCompletionToolsParam,
+    DeltaToolCall,
+    ResponseFormat,
+    ToolCall,
+)
 
 # Upper bound of `n`: one request must not monopolise the engine (vLLM has no hard limit, but a
 # huge n is a malformed request here).
@@ -31,17 +38,7 @@ class OpenAIBaseModel(BaseModel):
 # sets one to anything but its "off" value gets a 400 naming it, rather than a silent 200. The
 # off values (None, False, 0, empty, and the ones listed) mean what leaving the field out means.
 UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
-    "response_format": ({"type": "text"},),
-    "structured_outputs": (),
-    "guided_json": (),
-    "guided_regex": (),
-    "guided_choice": (),
-    "guided_grammar": (),
     "guided_decoding_backend": (),
-    "guided_whitespace_pattern": (),
-    "tools": (),
-    "tool_choice": ("none", "auto"),
-    "parallel_tool_calls": (True,),
     "functions": (),
     "function_call": ("none", "auto"),
     "use_beam_search": (),
@@ -56,7 +53,6 @@ UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
     "mm_processor_kwargs": (),
     "documents": (),
     "reasoning_effort": (),
-    "include_reasoning": (True,),
     "modalities": (["text"],),
     "audio": (),
     "prediction": (),
@@ -157,6 +153,15 @@ class SamplingRequest(OpenAIBaseModel):
     # Logprob tokens as "token_id:N" (for tokens that are not valid UTF-8 alone), as vLLM.
     return_tokens_as_token_ids: bool | None = None
     best_of: int | None = None
+    # Output constraints (serve/structured.py reads them; at most one per request): OpenAI's
+    # response_format, vLLM's structured_outputs and its older guided_* fields.
+    response_format: ResponseFormat | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_whitespace_pattern: str | None = None
 
     def unsupported_field(self) -> str | None:
         """The first field of the OpenAI / vLLM schema set here that jaxlm does not implement."""
@@ -303,6 +308,11 @@ class ChatCompletionRequest(SamplingRequest):
     chat_template_kwargs: dict[str, Any] | None = None
     # The chat template carries BOS already (vLLM's default).
     add_special_tokens: bool = False
+    tools: list[ChatCompletionToolsParam] | None = None
+    # None: "auto" when tools are given, else "none" (OpenAI's default).
+    tool_choice: Literal["none", "auto", "required"] | ChatCompletionNamedToolChoiceParam | None = None
+    parallel_tool_calls: bool | None = True  # False: at most one call
+    include_reasoning: bool = True  # False: no reasoning_content (--reasoning-parser)
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -329,6 +339,8 @@ class ChatCompletionLogProbs(OpenAIBaseModel):
 class ChatResponseMessage(OpenAIBaseModel):
     role: str = "assistant"
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
 class ChatCompletionResponseChoice(OpenAIBaseModel):
@@ -353,6 +365,8 @@ class ChatCompletionResponse(OpenAIBaseModel):
 class DeltaMessage(OpenAIBaseModel):
     role: str | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatCompletionResponseStreamChoice(OpenAIBaseModel):

@@ -1,12 +1,20 @@
-"""/v1/chat/completions: messages through the tokenizer's chat template, role/content deltas."""
+"""/v1/chat/completions: messages (and tools) through the tokenizer's chat template; the
+output as content, reasoning_content (--reasoning-parser) and tool_calls (tool_choice, and
+--tool-call-parser under "auto"), whole or as deltas."""
 
 from __future__ import annotations
 
+import argparse
+import json
+import logging
 import time
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Any
 
 from jaxlm.outputs import Logprob
+from jaxlm.reasoning import ReasoningParser, ReasoningParserManager
+from jaxlm.serve.chat_output import ChatOutputParsers, ChoiceOutput
 from jaxlm.serve.chat_template import render_chat_request
 from jaxlm.serve.errors import OpenAIError
 from jaxlm.serve.protocol import (
@@ -33,6 +41,11 @@ from jaxlm.serve.serving_engine import (
     sse,
     sse_error,
 )
+from jaxlm.serve.structured import structured_outputs_for, with_reasoning_end
+from jaxlm.serve.tool_choice import effective_tool_choice, forced_tool_parser, tool_choice_constraint
+from jaxlm.serve.tool_parsers import ToolParser, ToolParserManager
+
+logger = logging.getLogger(__name__)
 
 
 def _content_text(content: str | list[dict[str, Any]] | None) -> str:
@@ -46,7 +59,85 @@ def _content_text(content: str | list[dict[str, Any]] | None) -> str:
     return "\n".join(texts)
 
 
+def _message_dict(m: ChatMessage) -> dict[str, Any]:
+    """A message as chat templates read it: tool calls' arguments as objects (what HF templates
+    expect, as vLLM passes them), and the tool message's tool_call_id."""
+    out: dict[str, Any] = {"role": m.role, "content": _content_text(m.content)}
+    extra = m.model_extra or {}
+    if extra.get("tool_calls"):
+        calls = []
+        for call in extra["tool_calls"]:
+            call = dict(call)
+            function = dict(call.get("function") or {})
+            if isinstance(function.get("arguments"), str):
+                try:
+                    function["arguments"] = json.loads(function["arguments"])
+                except json.JSONDecodeError:
+                    pass  # the template gets the text
+            call["function"] = function
+            calls.append(call)
+        out["tool_calls"] = calls
+    if extra.get("tool_call_id") is not None:
+        out["tool_call_id"] = extra["tool_call_id"]
+    return out
+
+
+def conversation(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    return [_message_dict(m) for m in messages]
+
+
+def _finish_auto(called: bool, reason: str | None) -> str | None:
+    return "tool_calls" if called else reason
+
+
+def _finish_required(called: bool, reason: str | None) -> str | None:
+    return "tool_calls" if called and reason == "stop" else reason
+
+
 class OpenAIServingChat(OpenAIServing):
+    # --tool-call-parser under --enable-auto-tool-choice, and --reasoning-parser (configure()).
+    tool_parser: type[ToolParser] | None = None
+    reasoning_parser: type[ReasoningParser] | None = None
+
+    def configure(self, args: argparse.Namespace) -> None:
+        """The server's tool-calling and reasoning flags; unknown parser names are refused by the
+        argument parser, a tokenizer a parser cannot use fails here, at start-up."""
+        if getattr(args, "enable_auto_tool_choice", False):
+            self.tool_parser = ToolParserManager.get_tool_parser(args.tool_call_parser)
+            self.tool_parser(self.tokenizer)
+        if getattr(args, "reasoning_parser", None):
+            self.reasoning_parser = ReasoningParserManager.get_reasoning_parser(args.reasoning_parser)
+            if not self.reasoning_parser(self.tokenizer).reasoning_end_token_ids:
+                logger.warning("reasoning parser %s: the tokenizer has no single token for the end of the "
+                               "reasoning; output constraints apply from the first token", args.reasoning_parser)
+
+    def _output_parsers(self, request: ChatCompletionRequest, prompt_ids: list[int]) -> ChatOutputParsers:
+        parsers = ChatOutputParsers(single_tool_call=request.parallel_tool_calls is False,
+                                    include_reasoning=request.include_reasoning)
+        if self.reasoning_parser is not None:
+            parsers.reasoning = partial(self.reasoning_parser, self.tokenizer)
+            parsers.prompt_reasoning_ended = parsers.reasoning().is_reasoning_end(prompt_ids)
+        choice = effective_tool_choice(request)
+        if request.tools and choice == "auto":
+            if self.tool_parser is None:
+                raise OpenAIError('"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser '
+                                  "to be set", 400, "tool_choice")
+            parsers.tools, parsers.finish_as_tool_calls = partial(self.tool_parser, self.tokenizer), _finish_auto
+        elif choice != "none":
+            parsers.tools = partial(forced_tool_parser, request, self.tokenizer)
+            if choice == "required":
+                parsers.finish_as_tool_calls = _finish_required
+        return parsers
+
+    def _constraint(self, request: ChatCompletionRequest, parsers: ChatOutputParsers) -> Any:
+        """The request's output constraint; with a reasoning parser it starts after the reasoning."""
+        so = structured_outputs_for(request, tool_choice_constraint(request))
+        if so is not None and parsers.reasoning is not None and not parsers.prompt_reasoning_ended:
+            end_ids = parsers.reasoning().reasoning_end_token_ids
+            if end_ids:
+                so = with_reasoning_end(so, end_ids)
+        return so
+
     def render(self, messages: list[ChatMessage], add_generation_prompt: bool = True,
                continue_final_message: bool = False, kwargs: dict[str, Any] | None = None,
                add_special_tokens: bool = False) -> list[int]:
@@ -54,10 +145,9 @@ class OpenAIServingChat(OpenAIServing):
         unless add_special_tokens, as vLLM)."""
         if getattr(self.tokenizer, "chat_template", None) is None:
             raise OpenAIError("this model's tokenizer has no chat template", 400, "messages")
-        conversation = [{"role": m.role, "content": _content_text(m.content)} for m in messages]
         try:
             text = self.tokenizer.apply_chat_template(
-                conversation,
+                conversation(messages),
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt and not continue_final_message,
                 continue_final_message=continue_final_message,
@@ -74,11 +164,15 @@ class OpenAIServingChat(OpenAIServing):
         self.check_engine()
         model = self.check_model(request.model)
         self.check_request_fields(request)
+        if self.tool_parser is not None and request.tools:
+            request = self.tool_parser(self.tokenizer).adjust_request(request)
         ids = await render_chat_request(self, request)  # off the event loop; request templates gated
         ids = self.truncate(ids, request.truncate_prompt_tokens)
         self.check_token_ids(ids)
+        parsers = self._output_parsers(request, ids)
+        structured_outputs = self._constraint(request, parsers)
         max_tokens = self.resolve_max_tokens(len(ids), request.requested_max_tokens())
-        params = self.build_params(request.to_sampling_params, max_tokens)
+        params = self.build_params(request.to_sampling_params, max_tokens, structured_outputs)
         request_id = f"chatcmpl-{request.request_id or random_uuid()}"
         gen = self.generate(ids, params, request_id, arrival_time)
         try:
@@ -89,7 +183,7 @@ class OpenAIServingChat(OpenAIServing):
             await gen.aclose()
             raise
         if request.stream:
-            return self._stream(request, model, request_id, len(ids), first, gen)
+            return self._stream(request, model, request_id, len(ids), first, gen, parsers)
         states: dict[int, ChoiceState] = {}
         prompt_lps: dict[int, list] = {}
         out = first
@@ -106,11 +200,13 @@ class OpenAIServingChat(OpenAIServing):
         choices = []
         for i in range(request.n):
             st = states.get(i, ChoiceState())
+            out_parser = parsers.for_choice()
+            message, called = out_parser.message(st.text, request)
             choices.append(ChatCompletionResponseChoice(
                 index=i,
-                message=ChatResponseMessage(content=st.text),
+                message=message,
                 logprobs=self._logprobs(request, st.token_ids, st.logprobs) if request.logprobs else None,
-                finish_reason=st.finish_reason,
+                finish_reason=out_parser.finish_reason(st.finish_reason, called),
                 stop_reason=st.stop_reason,
             ))
         completion_tokens = sum(len(s.token_ids) for s in states.values())
@@ -119,7 +215,8 @@ class OpenAIServingChat(OpenAIServing):
         return ChatCompletionResponse(id=request_id, model=model, choices=choices, usage=usage,
                                       prompt_logprobs=prompt_logprobs_json(prompt_lps.get(0)))
 
-    async def _stream(self, request, model, request_id, prompt_len, first, gen) -> AsyncIterator[str]:
+    async def _stream(self, request, model, request_id, prompt_len, first, gen,
+                      parsers: ChatOutputParsers) -> AsyncIterator[str]:
         created = int(time.time())
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
         completion_tokens = 0
@@ -132,17 +229,24 @@ class OpenAIServingChat(OpenAIServing):
             for i in range(request.n):
                 yield chunk(ChatCompletionResponseStreamChoice(
                     index=i, delta=DeltaMessage(role="assistant", content=""), logprobs=None))
+            outputs: dict[int, ChoiceOutput] = {}
             out = first
             while out is not None:
                 for o in out.outputs:
                     completion_tokens += len(o.token_ids)
                     logprobs = self._logprobs(request, o.token_ids, o.logprobs) if request.logprobs else None
-                    if o.text or (logprobs and logprobs.content):
+                    out_parser = outputs.setdefault(o.index, parsers.for_choice())
+                    delta = DeltaMessage(content=o.text) if out_parser.plain else out_parser.delta(o.text, request)
+                    if (delta is not None and (delta.content or not out_parser.plain)) \
+                            or (logprobs and logprobs.content):
                         yield chunk(ChatCompletionResponseStreamChoice(
-                            index=o.index, delta=DeltaMessage(content=o.text), logprobs=logprobs))
+                            index=o.index, delta=delta or DeltaMessage(), logprobs=logprobs))
                     if o.finish_reason is not None:
+                        rest = out_parser.flush(request)
+                        if rest is not None:
+                            yield chunk(ChatCompletionResponseStreamChoice(index=o.index, delta=rest))
                         yield chunk(ChatCompletionResponseStreamChoice(
-                            index=o.index, delta=DeltaMessage(), finish_reason=o.finish_reason,
+                            index=o.index, delta=DeltaMessage(), finish_reason=out_parser.finish_reason(o.finish_reason),
                             stop_reason=o.stop_reason))
                 out = None if out.finished else await anext(gen, None)
             if include_usage:

@@ -27,6 +27,7 @@ from jaxlm.serve.serving_engine import (
     sse,
     sse_error,
 )
+from jaxlm.serve.structured import structured_outputs_for
 
 
 class OpenAIServingCompletion(OpenAIServing):
@@ -66,13 +67,14 @@ class OpenAIServingCompletion(OpenAIServing):
         if request.max_tokens == 0 and not request.echo:
             raise OpenAIError("max_tokens must be at least 1 (0 only with echo: scoring the prompt)", 400,
                               "max_tokens")
+        structured_outputs = structured_outputs_for(request)
         prompts = await asyncio.to_thread(self._prompts, request)  # tokenization off the event loop
         request_id = f"cmpl-{request.request_id or random_uuid()}"
         generators = []
         for i, (_, ids) in enumerate(prompts):
             # echo with max_tokens=0: one token is generated (the engine always samples) and dropped.
             max_tokens = self.resolve_max_tokens(len(ids), 1 if request.echo_only else request.max_tokens)
-            params = self.build_params(request.to_sampling_params, max_tokens)
+            params = self.build_params(request.to_sampling_params, max_tokens, structured_outputs)
             generators.append(self.generate(ids, params, f"{request_id}-{i}", arrival_time))
         merged = merge_async_iterators(*generators)
         try:

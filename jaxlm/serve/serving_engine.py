@@ -22,6 +22,7 @@ from jaxlm.sampling_params import SamplingParams
 from jaxlm.serve.errors import OpenAIError, error_response, to_openai_error
 from jaxlm.serve.metrics import ServerMetrics
 from jaxlm.serve.protocol import PromptLogprob, SamplingRequest
+from jaxlm.structured_output.params import StructuredOutputsParams
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -158,12 +159,17 @@ class OpenAIServing:
         except Exception as e:  # noqa: BLE001 - e.g. lone surrogates the tokenizer cannot take
             raise OpenAIError(f"the text cannot be tokenized: {e}", 400, "prompt") from e
 
-    def build_params(self, make: Any, max_tokens: int) -> SamplingParams:
+    def build_params(self, make: Any, max_tokens: int,
+                     structured_outputs: StructuredOutputsParams | None = None) -> SamplingParams:
+        """make(max_tokens, defaults) -> SamplingParams, with the request's output constraint
+        (serve/structured.py; compiled when the engine admits the request)."""
         try:
-            return make(max_tokens, self.default_sampling_params)
+            params = make(max_tokens, self.default_sampling_params)
         except ValueError as e:  # SamplingParams' own validation: a client error
             param = str(e).split(" ", 1)[0]
             raise OpenAIError(str(e), 400, param if param.isidentifier() else None) from e
+        params.structured_outputs = structured_outputs
+        return params
 
     # ------------------------------------------------------------ generation
     async def generate(

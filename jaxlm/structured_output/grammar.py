@@ -10,6 +10,7 @@ default bound holds for every schema:
   none      whitespace_flexible=False, item_separator=",",  key_separator=":"   (vLLM's
             disable_any_whitespace)
   flexible  whitespace_flexible=True: JSON's [ \\t\\n\\r]* around every token (opt-in)
+  pattern   whitespace_pattern=<regex>: vLLM's whitespace_pattern, around every token
 """
 
 from __future__ import annotations
@@ -39,6 +40,12 @@ def json_compile_options(whitespace: str) -> dict[str, Any]:
                          f"expected one of {sorted(_JSON_WHITESPACE)}") from None
 
 
+def _json_options(params: StructuredOutputsParams) -> dict[str, Any]:
+    if params.whitespace_pattern is not None:
+        return {"whitespace_pattern": params.whitespace_pattern}
+    return json_compile_options(params.json_whitespace)
+
+
 def choice_to_lark(choices: list[str]) -> str:
     """A Lark grammar whose language is exactly the given strings."""
     # ensure_ascii=False: Lark string literals take JSON escapes, but not surrogate pairs.
@@ -56,7 +63,7 @@ def build_grammar(params: StructuredOutputsParams) -> str:
         schema = params.spec_text() if kind == "json" else _ANY_JSON_OBJECT
         try:
             return llguidance.LLMatcher.grammar_from_json_schema(
-                schema, overrides=json_compile_options(params.json_whitespace))
+                schema, overrides=_json_options(params))
         except ValueError as e:
             raise ValueError(f"invalid {kind} constraint: {e}") from None
     if kind == "regex":

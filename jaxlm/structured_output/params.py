@@ -45,6 +45,12 @@ class StructuredOutputsParams:
     disable_any_whitespace: bool = False
     # jaxlm's JSON whitespace policy: "bounded" (json.dumps' separators only) or "flexible".
     whitespace: str = "bounded"
+    # vLLM's whitespace_pattern: a regex for the whitespace between JSON tokens (replaces the
+    # policy; "[ \n]*" brings back the unbounded case, at the caller's choice).
+    whitespace_pattern: str | None = None
+    # Reasoning models (set by the server's --reasoning-parser): the constraint starts after one
+    # of these ids (e.g. </think>) is generated; before it, decoding is free (vLLM's behaviour).
+    reasoning_end_token_ids: list[int] | None = None
 
     def __post_init__(self) -> None:
         given = [k for k in CONSTRAINT_KINDS if getattr(self, k) not in (None, False)]
@@ -61,6 +67,16 @@ class StructuredOutputsParams:
             raise ValueError("structured_outputs.disable_any_whitespace must be a bool")
         if self.disable_any_whitespace and self.whitespace == "flexible":
             raise ValueError("structured_outputs: disable_any_whitespace contradicts whitespace='flexible'")
+        if self.whitespace_pattern is not None:
+            if not isinstance(self.whitespace_pattern, str):
+                raise ValueError("structured_outputs.whitespace_pattern must be a string (a regex)")
+            if self.disable_any_whitespace or self.whitespace != "bounded":
+                raise ValueError("structured_outputs: whitespace_pattern replaces disable_any_whitespace and "
+                                 "whitespace; set only one")
+        ends = self.reasoning_end_token_ids
+        if ends is not None and (not isinstance(ends, (list, tuple)) or not ends
+                                 or not all(isinstance(t, int) and t >= 0 for t in ends)):
+            raise ValueError("structured_outputs.reasoning_end_token_ids must be a non-empty list of token ids")
 
     def _check_constraint(self, kind: str) -> None:
         value = getattr(self, kind)
@@ -90,7 +106,10 @@ class StructuredOutputsParams:
 
     @property
     def json_whitespace(self) -> str:
-        """The effective JSON whitespace mode: "bounded", "none" or "flexible"."""
+        """The effective JSON whitespace mode: "bounded", "none", "flexible", or "pattern"
+        (whitespace_pattern)."""
+        if self.whitespace_pattern is not None:
+            return "pattern"
         return "none" if self.disable_any_whitespace else self.whitespace
 
     def spec_text(self) -> str:
@@ -110,4 +129,6 @@ class StructuredOutputsParams:
         """(kind, text, JSON whitespace mode): equal keys compile to the same grammar."""
         kind = self.kind
         ws = self.json_whitespace if kind in ("json", "json_object") else ""
+        if ws == "pattern":
+            ws = f"pattern:{self.whitespace_pattern}"
         return kind, self.spec_text(), ws

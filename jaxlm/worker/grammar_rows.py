@@ -4,6 +4,10 @@ Matchers live on the host until their request finishes; a preempted request keep
 has accepted exactly its outputs so far), and one whose matcher is missing is rebuilt by
 replaying its outputs. The step fills the packed bitmask rows of the constrained requests while
 the device runs the body, and advances each matcher with the token sampled for it.
+
+Reasoning models: a request whose params carry ``reasoning_end_token_ids`` decodes freely (its
+row stays all -1, its matcher does not advance) until one of those ids is sampled; the matcher
+starts on the token after it. Replaying outputs does the same, from the last end id.
 """
 
 from __future__ import annotations
@@ -16,28 +20,50 @@ from jaxlm.structured_output.manager import StructuredOutputManager, StructuredO
 from jaxlm.structured_output.params import StructuredOutputsParams
 
 
+def _tokens_after_reasoning(params: StructuredOutputsParams, output_token_ids: list[int]) -> list[int] | None:
+    """The outputs the matcher must have accepted, or None while the reasoning goes on."""
+    ends = params.reasoning_end_token_ids
+    if not ends:
+        return list(output_token_ids)
+    last = max((i for i, t in enumerate(output_token_ids) if t in ends), default=None)
+    return None if last is None else list(output_token_ids[last + 1:])
+
+
 class GrammarRows:
     def __init__(self) -> None:
         # Set by the engine when the first constrained request arrives (llguidance's tokenizer
         # costs ~0.5 s, so engines that never constrain don't build it).
         self.manager: StructuredOutputManager | None = None
         self._grammars: dict[str, StructuredOutputRequest] = {}  # req_id -> matcher, until finished
+        self._reasoning: dict[str, frozenset[int]] = {}  # req_id -> end ids, while it reasons
 
     def add_request(self, req_id: str, params: StructuredOutputsParams, output_token_ids: list[int]) -> None:
+        replay = _tokens_after_reasoning(params, output_token_ids)
         kept = self._grammars.get(req_id)
-        if kept is not None and kept.num_accepted == len(output_token_ids):
+        if kept is not None and (req_id in self._reasoning) == (replay is None) \
+                and kept.num_accepted == len(replay or ()):
             return
         if self.manager is None:
             raise RuntimeError("a constrained request reached the runner without a StructuredOutputManager")
-        self._grammars[req_id] = self.manager.new_request(params, output_token_ids)
+        self._grammars[req_id] = self.manager.new_request(params, replay or ())
+        if replay is None:
+            self._reasoning[req_id] = frozenset(params.reasoning_end_token_ids)
+        else:
+            self._reasoning.pop(req_id, None)
 
     def finish_request(self, req_id: str) -> None:
         self._grammars.pop(req_id, None)
+        self._reasoning.pop(req_id, None)
+
+    def is_reasoning(self, req_id: str) -> bool:
+        return req_id in self._reasoning
 
     def fill_bitmask(self, host_fields: dict[str, np.ndarray], sample_req_ids: Sequence[str]) -> None:
         """Mask rows of the constrained requests in the sampler's host arrays (the "bitmask" field,
-        present in the variants that constrained rows select); unconstrained rows stay all -1."""
-        rows = [(self._grammars[r], i) for i, r in enumerate(sample_req_ids) if r in self._grammars]
+        present in the variants that constrained rows select); unconstrained rows, and rows still
+        reasoning, stay all -1."""
+        rows = [(self._grammars[r], i) for i, r in enumerate(sample_req_ids)
+                if r in self._grammars and r not in self._reasoning]
         if rows:
             self.manager.fill_bitmask(host_fields["bitmask"], rows)
 
@@ -47,8 +73,14 @@ class GrammarRows:
         done = set()
         for req_id, tok in sampled.items():
             grammar = self._grammars.get(req_id)
-            if grammar is not None:
-                grammar.accept_token(tok)
-                if grammar.is_terminated():
-                    done.add(req_id)
+            if grammar is None:
+                continue
+            ends = self._reasoning.get(req_id)
+            if ends is not None:
+                if tok in ends:  # the constraint starts with the next token
+                    del self._reasoning[req_id]
+                continue
+            grammar.accept_token(tok)
+            if grammar.is_terminated():
+                done.add(req_id)
         return done

@@ -181,3 +181,17 @@ def test_hostile_fields_are_refused_or_neutralised_and_the_engine_goes_on(llm):
     [out] = llm.generate(["hi"], SamplingParams(temperature=1.0, top_k=2**64, seed=3, max_tokens=4,
                                                 ignore_eos=True), use_tqdm=False)
     assert len(out.outputs[0].token_ids) == 4
+
+
+def test_chat_passes_tools_to_the_template_and_takes_a_constraint(llm):
+    from jaxlm.structured_output import StructuredOutputsParams
+
+    template = ("{% for t in tools %}[{{ t['function']['name'] }}]{% endfor %}"
+                "{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    params = SamplingParams(temperature=1.0, seed=0, max_tokens=16,
+                            structured_outputs=StructuredOutputsParams(choice=["sunny", "rain"]))
+    [out] = llm.chat([{"role": "user", "content": "Weather?"}], params, use_tqdm=False,
+                     chat_template=template, tools=tools)
+    assert llm.get_tokenizer().decode(out.prompt_token_ids) == "[get_weather]Weather?"
+    assert out.outputs[0].text in ("sunny", "rain") and out.outputs[0].finish_reason == "stop"

@@ -179,14 +179,9 @@ def test_default_sampling_comes_from_the_generation_config(http):
 
 # ------------------------------------------------------------------ unsupported and unknown fields
 _UNSUPPORTED = [
-    ("response_format", {"type": "json_object"}),
-    ("tools", [{"type": "function", "function": {"name": "f", "parameters": {}}}]),
-    ("tool_choice", "required"),
-    ("structured_outputs", {"json": {"type": "object"}}),
-    ("guided_json", {"type": "object"}),
-    ("guided_regex", "[a-z]+"),
-    ("guided_choice", ["a", "b"]),
-    ("guided_grammar", "root ::= 'a'"),
+    ("guided_decoding_backend", "xgrammar"),
+    ("functions", [{"name": "f"}]),
+    ("function_call", {"name": "f"}),
     ("best_of", 3),
     ("use_beam_search", True),
     ("logits_processors", ["x.Y"]),
@@ -223,8 +218,8 @@ def test_openai_client_sends_vllm_extras(real_server):
     assert out.choices[0].text == "".join([AutoTokenizer.from_pretrained(real_server.model_path).decode([7])] * 3)
     with pytest.raises(openai.BadRequestError) as err:
         client.completions.create(model=SERVED_MODEL, prompt="Hello", max_tokens=3,
-                                  extra_body={"guided_choice": ["a"]})
-    assert "guided_choice" in str(err.value)
+                                  extra_body={"guided_decoding_backend": "xgrammar"})
+    assert "guided_decoding_backend" in str(err.value)
 
 
 def test_tokenizer_info_is_opt_in(fake_server_factory, real_server):

@@ -53,6 +53,17 @@ def test_json_whitespace_modes_valid(manager, mode):
         assert all(_skeleton(t) != _skeleton(json.dumps(json.loads(t))) for t in finished)
 
 
+def test_json_whitespace_pattern(manager):
+    params = StructuredOutputsParams(json=BOUNDED_SCHEMA, whitespace_pattern="[ ]?")
+    finished = [t for t in simulate(manager, params, max_tokens=400, num_seeds=8).texts if t is not None]
+    assert len(finished) >= 4
+    for text in finished:
+        jsonschema.validate(json.loads(text), BOUNDED_SCHEMA)
+        assert "  " not in _skeleton(text) and "\n" not in text
+    # Single spaces are allowed where bounded whitespace has none (around braces, before ':').
+    assert any(_skeleton(t) != _skeleton(json.dumps(json.loads(t))) for t in finished)
+
+
 def test_json_object_is_an_object(manager):
     res = simulate(manager, StructuredOutputsParams(json_object=True), max_tokens=200, num_seeds=16)
     finished = [t for t in res.texts if t is not None]

@@ -127,3 +127,21 @@ def test_structured_outputs_given_as_a_dict():
     with pytest.raises(ValueError, match="structured_outputs"):
         SamplingParams(structured_outputs="json")
 
+
+
+def test_constraint_waits_for_the_reasoning_end_token(llm):
+    # The choice grammar forbids END_ID as a first token: an output that starts with it (a
+    # strong bias) was decoded freely until then, and the constraint holds right after it.
+    tok = llm.get_tokenizer()
+    end_id = tok.encode(" fox", add_special_tokens=False)[-1]
+    so = StructuredOutputsParams(choice=["ab", "cd"], reasoning_end_token_ids=[end_id])
+    outs = _run(llm, _constrained(so, 16, logit_bias={end_id: 100.0})[:8])
+    for out in outs:
+        o = out.outputs[0]
+        assert o.token_ids[0] == end_id and o.finish_reason == "stop", o.token_ids
+        assert tok.decode(o.token_ids[1:]) in ("ab", "cd")
+    # Without the end token the output stays unconstrained (random text runs to max_tokens).
+    outs = _run(llm, _constrained(so, 8, bad_words=[tok.decode([end_id])], ignore_eos=True)[:4])
+    assert all(o.outputs[0].finish_reason == "length" for o in outs)
+    assert not all(o.outputs[0].text in ("ab", "cd") for o in outs)
+    _check_idle(llm)

@@ -48,6 +48,12 @@ def test_whitespace_mode_default_bounded():
     assert P(json_object=True).json_whitespace == "bounded"
     assert P(json_object=True, disable_any_whitespace=True).json_whitespace == "none"
     assert P(json_object=True, whitespace="flexible").json_whitespace == "flexible"
+    assert P(json_object=True, whitespace_pattern="[ ]?").json_whitespace == "pattern"
+    assert P(json_object=True, whitespace_pattern="[ ]?").cache_key() != P(json_object=True).cache_key()
+    with pytest.raises(ValueError, match="whitespace_pattern replaces"):
+        P(json_object=True, whitespace_pattern=" ", disable_any_whitespace=True)
+    with pytest.raises(ValueError, match="reasoning_end_token_ids"):
+        P(json_object=True, reasoning_end_token_ids=[])
 
 
 def test_cache_key():
