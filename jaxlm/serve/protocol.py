@@ -21,7 +21,6 @@ from jaxlm.serve.protocol_tools import (
 # Upper bound of `n`: one request must not monopolise the engine (vLLM has no hard limit, but a
 # huge n is a malformed request here).
 MAX_N = 128
-MAX_TOP_LOGPROBS = 20
 
 
 def random_uuid() -> str:
@@ -232,7 +231,7 @@ class CompletionRequest(SamplingRequest):
     prompt: str | list[str] | list[int] | list[list[int]]
     # 0 with echo: score the prompt only (one token is generated and not returned), as vLLM.
     max_tokens: int | None = Field(16, ge=0)
-    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    logprobs: int | None = Field(None, ge=0)
     echo: bool = False
     suffix: str | None = None
     add_special_tokens: bool = True
@@ -300,7 +299,7 @@ class ChatCompletionRequest(SamplingRequest):
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = False
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    top_logprobs: int | None = Field(None, ge=0)
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     # A template sent by the client: refused unless --trust-request-chat-template (chat_template.py).

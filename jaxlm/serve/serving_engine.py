@@ -89,6 +89,8 @@ class OpenAIServing:
         self.served_model_names = served_model_names
         self.max_model_len = max_model_len
         self.metrics = metrics
+        # The engine's --max-logprobs, checked before any per-logprob work (not a fixed cap here).
+        self.max_logprobs = engine.engine_config.model_config.max_logprobs
         # The model's generation-config sampling defaults (the engine logged them at start-up):
         # request fields override them, unset fields take them (vLLM's --generation-config auto).
         self.default_sampling_params = dict(engine.get_diff_sampling_param())
@@ -168,6 +170,10 @@ class OpenAIServing:
         except ValueError as e:  # SamplingParams' own validation: a client error
             param = str(e).split(" ", 1)[0]
             raise OpenAIError(str(e), 400, param if param.isidentifier() else None) from e
+        for name, n in (("logprobs", params.logprobs), ("prompt_logprobs", params.prompt_logprobs)):
+            if n is not None and n > self.max_logprobs:
+                raise OpenAIError(f"Requested {name}={n} exceeds max_logprobs={self.max_logprobs}; "
+                                  "start the server with a larger --max-logprobs", 400, name)
         params.structured_outputs = structured_outputs
         return params
 

@@ -24,6 +24,7 @@ BODY_LIMIT = 1_000_000
 TEMPLATE_TIMEOUT_S = 4.0  # long enough that a /health sent meanwhile returns first, even on a loaded machine
 GREEDY = {"model": "tiny", "prompt": "The capital of France is", "max_tokens": 12, "temperature": 0.0,
           "ignore_eos": True}
+MAX_LOGPROBS = 30  # above OpenAI's 20: the server's cap is the engine's --max-logprobs
 LOOP_TEMPLATE = "{% for i in range(100000) %}{% for j in range(1000) %}x{% endfor %}{% endfor %}"
 
 
@@ -35,7 +36,8 @@ def server(tmp_path_factory):
     srv = ServerProcess(model, [
         "--served-model-name", "tiny", "--api-key", KEY, "--trust-request-chat-template",
         "--chat-template-timeout", str(TEMPLATE_TIMEOUT_S), "--max-request-body-bytes", str(BODY_LIMIT),
-        "--request-header-timeout", "2", "--max-prompts-per-request", "16", "--max-num-queued-reqs", "32"])
+        "--request-header-timeout", "2", "--max-prompts-per-request", "16", "--max-num-queued-reqs", "32",
+        "--max-logprobs", str(MAX_LOGPROBS)])
     yield srv
     code = srv.stop(signal.SIGINT)  # Ctrl-C: drains and exits like SIGTERM, no traceback
     out = srv.output()
@@ -85,6 +87,12 @@ CASES: list[tuple[str, str, str, dict, int | tuple[int, ...]]] = [
     ("negative token ids", "POST", "/v1/completions", _completion(prompt=[-1, 5]), 400),
     ("empty prompt", "POST", "/v1/completions", _completion(prompt=""), 400),
     ("logprobs 10**9", "POST", "/v1/completions", _completion(logprobs=10**9), 400),
+    ("echo + logprobs 2**54", "POST", "/v1/completions", _completion(echo=True, logprobs=2**54), 400),
+    ("logprobs over --max-logprobs", "POST", "/v1/completions", _completion(logprobs=MAX_LOGPROBS + 1), 400),
+    ("logprobs past OpenAI's 20, within --max-logprobs", "POST", "/v1/completions",
+     _completion(logprobs=MAX_LOGPROBS - 5, echo=True), 200),
+    ("top_logprobs over --max-logprobs", "POST", "/v1/chat/completions",
+     _chat(logprobs=True, top_logprobs=MAX_LOGPROBS + 1), 400),
     ("n 10**6", "POST", "/v1/completions", _completion(n=10**6), 400),
     ("too many prompts", "POST", "/v1/completions", _completion(prompt=["a b"] * 17), 400),
     ("n x prompts past the queue", "POST", "/v1/completions", _completion(prompt=["a b"] * 16, n=8), 429),
