@@ -122,6 +122,12 @@ class PipelineModelRunner(ModelRunner):
         logger.info("KV cache: %d blocks x %d tokens, %d layers over %d stages, %s",
                     num_blocks, self.block_size, spec.num_layers, self.pp, dtype)
 
+    def kv_cache_shards(self) -> int:
+        """Devices a KV block is spread over, rounded down: the busiest stage's devices hold
+        ``max stage layers / num_layers`` of it, split over the tensor-parallel size."""
+        tp = super().kv_cache_shards()
+        return max(1, tp * self.kv_cache_spec.num_layers // max(map(len, self.layer_ranges)))
+
     def _stage_kv(self, s: int) -> list[jax.Array]:
         return self.kv_caches[self.layer_ranges[s].start:self.layer_ranges[s].stop]
 

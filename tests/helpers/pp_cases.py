@@ -71,7 +71,7 @@ def run_case(path: str, tp: int, pp: int) -> dict:
     result = dict(
         tokens=[list(o.outputs[0].token_ids) for o in outs],
         logprobs=[[{str(k): v.logprob for k, v in step.items()} for step in o.outputs[0].logprobs] for o in outs],
-        compiles=runner.num_compiles_after_warmup, programs=runner.num_programs, seconds=seconds,
+        compiles=runner.num_compiles_after_warmup, kv_shards=runner.kv_cache_shards(), programs=runner.num_programs, seconds=seconds,
         preemptions=llm.llm_engine.scheduler.num_preemptions, schedules=schedules,
         stages=stage_layout(runner) if pp > 1 else [],
         weight_bytes=device_bytes(runner.params, dev0), kv_bytes=device_bytes(runner.kv_caches, dev0),
