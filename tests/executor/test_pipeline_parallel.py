@@ -43,6 +43,10 @@ def test_same_tokens_and_logprobs_as_one_device(results, name, tp, pp):
         for a, b in zip(steps_one, steps_many):
             assert a.keys() == b.keys()
             assert max(abs(a[k] - b[k]) for k in a) < 1e-4
+    plp_one, plp_many = one["prompt_logprobs"], many["prompt_logprobs"]
+    assert plp_many[0] is None and len(plp_many) == len(plp_one) > 1
+    for a, b in zip(plp_one[1:], plp_many[1:]):
+        assert a.keys() == b.keys() and max(abs(a[k] - b[k]) for k in a) < 1e-4
     assert many["compiles"] == 0 and one["compiles"] == 0
     # Under chunked prefill and preemption.
     assert many["preemptions"] > 0

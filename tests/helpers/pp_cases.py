@@ -20,7 +20,7 @@ import time  # noqa: E402
 import jax  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from jaxlm import LLM  # noqa: E402
+from jaxlm import LLM, SamplingParams  # noqa: E402
 from tests.helpers import tiny_models as tm  # noqa: E402
 from tests.helpers.mesh_cases import ENGINE, GREEDY, PROMPTS, SEEDED  # noqa: E402
 
@@ -67,11 +67,16 @@ def run_case(path: str, tp: int, pp: int) -> dict:
     start = time.perf_counter()
     outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
     seconds = time.perf_counter() - start
+    # Prompt logprobs: a step owing them runs as one micro-batch, beside a decoding request.
+    scored = llm.generate([{"prompt_token_ids": PROMPTS[1]}, {"prompt_token_ids": PROMPTS[3]}],
+                          [GREEDY, SamplingParams(max_tokens=2, temperature=0.0, prompt_logprobs=2)], use_tqdm=False)
+    prompt_logprobs = [None if p is None else {str(k): v.logprob for k, v in p.items()}
+                       for p in scored[1].prompt_logprobs]
     dev0 = jax.devices()[0]
     result = dict(
         tokens=[list(o.outputs[0].token_ids) for o in outs],
         logprobs=[[{str(k): v.logprob for k, v in step.items()} for step in o.outputs[0].logprobs] for o in outs],
-        compiles=runner.num_compiles_after_warmup, kv_shards=runner.kv_cache_shards(), programs=runner.num_programs, seconds=seconds,
+        prompt_logprobs=prompt_logprobs, compiles=runner.num_compiles_after_warmup, kv_shards=runner.kv_cache_shards(), programs=runner.num_programs, seconds=seconds,
         preemptions=llm.llm_engine.scheduler.num_preemptions, schedules=schedules,
         stages=stage_layout(runner) if pp > 1 else [],
         weight_bytes=device_bytes(runner.params, dev0), kv_bytes=device_bytes(runner.kv_caches, dev0),
