@@ -266,7 +266,7 @@ class CausalLMBase(nnx.Module):
         """Fill Params from (HF name, array) pairs, one tensor at a time, straight onto their
         sharding. Returns the (canonical) HF names consumed, knowingly skipped buffers included."""
         targets = self._weight_targets()
-        mesh_of = self._placement_meshes()
+        mesh_of = self.placement_meshes()
         loaded: set[str] = set()
         for raw_name, array in weights:
             name = self.canonical_name(raw_name)
@@ -288,7 +288,7 @@ class CausalLMBase(nnx.Module):
         return loaded
 
     # ----- sharding ----------------------------------------------------------------
-    def _placement_meshes(self) -> dict[int, Mesh]:
+    def placement_meshes(self) -> dict[int, Mesh]:
         """id(Param) -> the stage sub-mesh it is loaded onto (empty without pipeline parallel)."""
         if self.pipeline_size == 1:
             return {}

@@ -89,6 +89,14 @@ def test_micro_batches_overlap_stages(results, name, tp, pp):
         assert full[0] == [[0, 0], [0, 1], [1, 0], [1, 1]]
 
 
+def test_orbax_checkpoint_loads_onto_the_stages(results):
+    layout = results["orbax_layout"]  # llama, 4 layers, PP=2: layers 0-1 on device 0, 2-3 on device 1
+    for name, devices in layout.items():
+        if ".layers." in name:
+            assert devices == [int(name.split(".layers.")[1].split(".")[0]) // 2], (name, devices)
+    assert layout["model.embed_tokens.weight"] == [0] and layout["lm_head.weight"] == [1]
+
+
 def test_program_count_is_stages_times_body_buckets_plus_samplers(results):
     one, two, four = (results[f"llama/{k}"]["programs"] for k in ("1x1", "1x2", "1x4"))
     samplers = 6  # one sequence bucket x 6 variants

@@ -85,6 +85,23 @@ def run_case(path: str, tp: int, pp: int) -> dict:
     return result
 
 
+def orbax_layout(path: str, work_dir: str) -> dict[str, list[int]]:
+    """An orbax checkpoint loaded onto a PP=2 mesh: the devices holding each Param (by nnx path)."""
+    from jaxlm.config import LoadConfig, ModelConfig
+    from jaxlm.executor.mesh_executor import make_mesh
+    from jaxlm.model_loader import get_model, resolve_model_config, save_orbax
+
+    load = LoadConfig()
+    mc = resolve_model_config(ModelConfig(model=path), load)
+    out = os.path.join(work_dir, "orbax")
+    save_orbax(get_model(mc, load, attn_backend=None), out, mc.hf_config)
+    orbax = LoadConfig(load_format="orbax")
+    model = get_model(resolve_model_config(ModelConfig(model=out), orbax), orbax, attn_backend=None,
+                      mesh=make_mesh(1, pp=2))
+    return {".".join(map(str, p)): sorted(d.id for d in v.get_value().devices())
+            for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+
+
 def error_of(path: str, tp: int, pp: int) -> str:
     try:
         LLM(model=path, tensor_parallel_size=tp, pipeline_parallel_size=pp, **ENGINE)
@@ -101,6 +118,7 @@ def main(out_path: str, work_dir: str) -> None:
         paths[name] = tm.make_tiny_model(name, os.path.join(work_dir, name), **overrides)
         for tp, pp in sizes:
             results[f"{name}/{tp}x{pp}"] = run_case(paths[name], tp, pp)
+    results["orbax_layout"] = orbax_layout(paths["llama"], work_dir)
     results["errors"] = dict(too_few_devices=error_of(paths["llama"], 2, 8),
                              too_few_layers=error_of(paths["llama"], 1, 8))
     with open(out_path, "w") as f:
