@@ -217,7 +217,8 @@ class PipelineModelRunner(ModelRunner):
         if kind == PROMPT_LOGPROBS:
             arrays.append(self.input_batch.next_token_ids(inputs))
         packed = np.concatenate([a.ravel() for a in arrays] + [dest])
-        return T, inputs, packed
+        # Every stage's copy sent before any stage is dispatched: one small transfer per stage.
+        return T, inputs, [jax.device_put(packed, rep) for rep in self._stage_replicated]
 
     def _run_body(self, so: SchedulerOutput) -> tuple[StepInputs, jax.Array, dict[str, LogprobsLists]]:
         kind = self._body_kind(so)
@@ -233,7 +234,7 @@ class PipelineModelRunner(ModelRunner):
             for s in range(max(0, t - M + 1), min(t, last) + 1):
                 m = t - s
                 T, _, packed = batches[m]
-                args = [self.stage_params[s], self._stage_kv(s), jax.device_put(packed, self._stage_replicated[s])]
+                args = [self.stage_params[s], self._stage_kv(s), packed[s]]
                 if s > 0:
                     args.append(jax.device_put(carry[m], self._stage_replicated[s]))  # stage s-1 -> s devices
                 if s == last:
