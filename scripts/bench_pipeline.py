@@ -5,8 +5,8 @@ the host devices share this machine's cores).
 
 A random Llama (no download) serves 8 prompts of 49 tokens, 32 greedy tokens each, prefix
 caching off; token buckets 200 and 400, so one step of 392 tokens and two micro-batches of 196
-pad alike. Prints the prefill step (all 8 prompts in one step) and the median decode step
-(8 rows) per pipeline size, and for PP > 1 also with a single micro-batch (no stage overlap).
+pad alike. Prints the median prefill step (all 8 prompts in one step) and decode step (8 rows),
+over 5 runs, per pipeline size, and for PP > 1 also with a single micro-batch (no stage overlap).
 """
 
 from __future__ import annotations
@@ -66,9 +66,12 @@ def main() -> None:
         for label, micro in runs:
             if micro is not None:
                 runner.num_micro_batches = micro
-            t = step_times(llm, prompts)
-            print(f"PP={pp}{label}: prefill step {1e3 * statistics.median(t['prefill']):.1f} ms, "
-                  f"decode step median {1e3 * statistics.median(t['decode']):.2f} ms ({len(t['decode'])} steps)")
+            t = {"prefill": [], "decode": []}
+            for _ in range(5):
+                for kind, times in step_times(llm, prompts).items():
+                    t[kind] += times
+            print(f"PP={pp}{label}: prefill step median {1e3 * statistics.median(t['prefill']):.1f} ms, "
+                  f"decode step median {1e3 * statistics.median(t['decode']):.2f} ms ({len(t['prefill'])} + {len(t['decode'])} steps)")
         del llm
 
 
