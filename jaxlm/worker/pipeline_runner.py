@@ -39,7 +39,7 @@ from jaxlm.config import EngineConfig
 from jaxlm.core.outputs import LogprobsLists
 from jaxlm.core.sched_output import SchedulerOutput
 from jaxlm.models.base import pipeline_param_stages, run_stage
-from jaxlm.models.utils import MODEL_AXIS, STAGE_AXIS, stage_mesh
+from jaxlm.models.utils import STAGE_AXIS, stage_mesh
 from jaxlm.sample.sampler import compute_prompt_logprobs, sample
 from jaxlm.worker.buckets import pick_bucket
 from jaxlm.worker.input_batch import StepInputs
@@ -114,11 +114,9 @@ class PipelineModelRunner(ModelRunner):
     def initialize_kv_cache(self, num_blocks: int, dtype: jnp.dtype) -> None:
         spec = self.kv_cache_spec
         shape = (2, num_blocks, self.block_size, spec.num_kv_heads, spec.head_dim)
-        tp = self.stage_meshes[0].shape[MODEL_AXIS]
-        heads = MODEL_AXIS if tp > 1 and spec.num_kv_heads % tp == 0 else None
-        self.kv_caches = [
-            jnp.zeros(shape, dtype, device=NamedSharding(self.stage_meshes[s], PartitionSpec(None, None, None, heads)))
-            for s, layers in enumerate(self.layer_ranges) for _ in layers]
+        heads = self._kv_sharding(spec.num_kv_heads).spec  # split over KV heads as without stages
+        self.kv_caches = [jnp.zeros(shape, dtype, device=NamedSharding(self.stage_meshes[s], heads))
+                          for s, layers in enumerate(self.layer_ranges) for _ in layers]
         logger.info("KV cache: %d blocks x %d tokens, %d layers over %d stages, %s",
                     num_blocks, self.block_size, spec.num_layers, self.pp, dtype)
 
