@@ -71,7 +71,8 @@ def main() -> None:
                 for kind, times in step_times(llm, prompts).items():
                     t[kind] += times
             print(f"PP={pp}{label}: prefill step median {1e3 * statistics.median(t['prefill']):.1f} ms, "
-                  f"decode step median {1e3 * statistics.median(t['decode']):.2f} ms ({len(t['prefill'])} + {len(t['decode'])} steps)")
+                  f"decode step median {1e3 * statistics.median(t['decode']):.2f} ms "
+                  f"({len(t['prefill'])} + {len(t['decode'])} steps)")
         del llm
 
 

@@ -43,7 +43,7 @@ def device_bytes(arrays, device) -> int:
 def stage_layout(runner) -> list[dict]:
     """Per stage: the layer indices its params hold, and its first device's weight/KV bytes."""
     layout = []
-    for s, (mesh, params) in enumerate(zip(runner.stage_meshes, runner.stage_params)):
+    for mesh, params in zip(runner.stage_meshes, runner.stage_params):
         layers = sorted({int(path[path.index("layers") + 1]) for path, _ in nnx.to_flat_state(params)
                          if "layers" in path})
         devices = {d.id for a in jax.tree.leaves(params) for d in a.devices()}
@@ -79,11 +79,13 @@ def run_case(path: str, tp: int, pp: int) -> dict:
     result = dict(
         tokens=[list(o.outputs[0].token_ids) for o in outs],
         logprobs=[[{str(k): v.logprob for k, v in step.items()} for step in o.outputs[0].logprobs] for o in outs],
-        prompt_logprobs=prompt_logprobs, compiles=runner.num_compiles_after_warmup, kv_shards=runner.kv_cache_shards(), programs=runner.num_programs, seconds=seconds,
+        prompt_logprobs=prompt_logprobs, compiles=runner.num_compiles_after_warmup,
+        kv_shards=runner.kv_cache_shards(), programs=runner.num_programs, seconds=seconds,
         preemptions=llm.llm_engine.scheduler.num_preemptions, schedules=schedules,
         stages=stage_layout(runner) if pp > 1 else [],
         weight_bytes=device_bytes(runner.params, dev0), kv_bytes=device_bytes(runner.kv_caches, dev0),
-        layer_weight_bytes=sum(v.get_value().nbytes for path, v in nnx.to_flat_state(runner.params) if "layers" in path))
+        layer_weight_bytes=sum(v.get_value().nbytes for path, v in nnx.to_flat_state(runner.params)
+                               if "layers" in path))
     del llm
     return result
 
