@@ -213,7 +213,9 @@ class ParallelConfig:
     """How the model is spread over devices."""
 
     tensor_parallel_size: int = arg(1, "devices the weights are split over (mesh axis 'model')", flags=("-tp",))
-    pipeline_parallel_size: int = arg(1, "pipeline stages (not supported yet: 1 only)", flags=("-pp",))
+    pipeline_parallel_size: int = arg(
+        1, "pipeline stages: contiguous layer ranges, each on its own tensor-parallel sub-mesh (mesh axis "
+           "'stage'); a step's requests run as micro-batches so the stages overlap", flags=("-pp",))
     data_parallel_size: int = arg(1, "replicas of the model (mesh axis 'data')", flags=("-dp",))
 
     def __post_init__(self) -> None:

@@ -82,8 +82,11 @@ def restore_orbax(model: nnx.Module, path: str, mesh: Any = None) -> None:
         from jaxlm.model_loader.errors import UnexpectedWeightError
 
         raise UnexpectedWeightError(path, extra[0])
+    # Pipeline parallel: each Param onto its stage's sub-mesh (empty otherwise).
+    stage_meshes = model.placement_meshes() if hasattr(model, "placement_meshes") else {}
     target = {
-        k: jax.ShapeDtypeStruct(v.get_value().shape, v.get_value().dtype, sharding=_target_sharding(v, mesh))
+        k: jax.ShapeDtypeStruct(v.get_value().shape, v.get_value().dtype,
+                                sharding=_target_sharding(v, stage_meshes.get(id(v), mesh)))
         for k, v in variables.items()
     }
     try:

@@ -24,7 +24,8 @@ from jax.sharding import Mesh, PartitionSpec
 from jaxlm.core.kv_cache_utils import KVCacheSpec
 from jaxlm.model_loader.errors import UnexpectedWeightError, WeightShapeError
 from jaxlm.models.layers import LMHead
-from jaxlm.models.utils import MODEL_AXIS, get_param_partition_spec, hf_shape, place, to_param_layout
+from jaxlm.models.utils import (
+    MODEL_AXIS, STAGE_AXIS, get_param_partition_spec, hf_shape, place, stage_mesh, to_param_layout)
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +69,76 @@ def run_decoder_layers(
     return x, new_caches
 
 
+class DecoderStack(nnx.Module):
+    """A family's decoder as three parts: ``embed`` -> ``decoder_layers()`` -> ``final``.
+
+    ``__call__`` runs them all; a pipeline stage runs a contiguous slice of the layers, the
+    first stage also ``embed`` and the last also ``final`` (see ``run_stage``).
+    """
+
+    def embed(self, input_ids: jax.Array, positions: jax.Array) -> jax.Array:
+        raise NotImplementedError
+
+    def decoder_layers(self) -> Sequence[nnx.Module]:
+        raise NotImplementedError
+
+    def final(self, x: jax.Array) -> jax.Array:
+        raise NotImplementedError
+
+    def __call__(self, input_ids, positions, kv_caches, md):
+        x, kv_caches = run_decoder_layers(self.decoder_layers(), self.embed(input_ids, positions), positions,
+                                          kv_caches, md)
+        return self.final(x), kv_caches
+
+
+def run_stage(decoder: DecoderStack, inputs: jax.Array, positions: jax.Array, kv_caches: list[jax.Array], md,
+              layers: range, *, first: bool, last: bool) -> tuple[jax.Array, list[jax.Array]]:
+    """One pipeline stage: ``layers`` of the decoder over their own ``kv_caches``.
+
+    ``inputs`` are the token ids on the first stage (embedded here), else the previous stage's
+    hidden state; the last stage applies the decoder's final part (norm, projection).
+    """
+    x = decoder.embed(inputs, positions) if first else inputs
+    stack = decoder.decoder_layers()
+    x, kv_caches = run_decoder_layers([stack[i] for i in layers], x, positions, kv_caches, md)
+    return (decoder.final(x) if last else x), kv_caches
+
+
+def split_layers(num_layers: int, pp: int) -> list[range]:
+    """Contiguous layer ranges of ``pp`` stages; an uneven split gives the first stages one more."""
+    if pp > num_layers:
+        raise ValueError(f"pipeline_parallel_size={pp} exceeds the model's num_hidden_layers={num_layers}: "
+                         "every stage needs at least one layer")
+    base, extra = divmod(num_layers, pp)
+    sizes = [base + (s < extra) for s in range(pp)]
+    starts = np.cumsum([0] + sizes)
+    return [range(int(starts[s]), int(starts[s + 1])) for s in range(pp)]
+
+
+def pipeline_param_stages(model: "CausalLMBase", layer_ranges: list[range]) -> dict[tuple, tuple[int, ...]]:
+    """nnx path of every Param -> the stages that hold it (the first is where it is loaded).
+
+    A layer's params live on its stage; the LM head on the last; the token embedding on the
+    first (and the last too when tied: it is also the LM head); the other parts of ``embed``
+    and ``final`` (norms, position embeddings, projections; small) on the first and the last.
+    """
+    last = len(layer_ranges) - 1
+    stages: dict[tuple, tuple[int, ...]] = {}
+    stack = model.decoder().decoder_layers()
+    by_id: dict[int, tuple[int, ...]] = {}
+    for s, layers in enumerate(layer_ranges):
+        for i in layers:
+            by_id.update({id(n): (s,) for _, n in nnx.iter_graph(stack[i]) if isinstance(n, nnx.Param)})
+    if model.lm_head is not None:
+        by_id.update({id(n): (last,) for _, n in nnx.iter_graph(model.lm_head) if isinstance(n, nnx.Param)})
+    embedding = (0, last) if model.tie_word_embeddings else (0,)
+    by_id.update({id(n): embedding for _, n in nnx.iter_graph(model.input_embedding()) if isinstance(n, nnx.Param)})
+    for path, node in nnx.iter_graph(model):
+        if isinstance(node, nnx.Param):
+            stages[tuple(path)] = by_id.get(id(node), (0, last))
+    return stages
+
+
 class CausalLMBase(nnx.Module):
     """Base of the families: one constructor, forward, logits, loading, sharding, KV cache spec."""
 
@@ -82,6 +153,8 @@ class CausalLMBase(nnx.Module):
         self.mesh = mesh
         self.attn_backend = attn_backend
         tp = mesh.shape.get(MODEL_AXIS, 1) if mesh is not None else 1
+        # A ("stage", "data", "model") mesh: pipeline parallel, one sub-mesh per stage.
+        self.pipeline_size = mesh.shape.get(STAGE_AXIS, 1) if mesh is not None else 1
         args = self.make_args(config)
         # The checkpoint's vocabulary; the embedding and LM head hold it padded to a multiple of
         # the tensor-parallel size (split evenly), and the padded logits are sliced off.
@@ -102,6 +175,8 @@ class CausalLMBase(nnx.Module):
             for head in (self.input_embedding(), self.lm_head):
                 if head is not None:
                     head.weight.set_metadata("hf_pad_rows", padded_vocab - self.vocab_size)
+        # Pipeline parallel: contiguous layer ranges, one per stage (static, hashable).
+        self.layer_ranges = tuple(split_layers(self.args.num_layers, self.pipeline_size))
 
     # ----- what a family supplies ------------------------------------------------------
     @classmethod
@@ -129,7 +204,7 @@ class CausalLMBase(nnx.Module):
         return cls.kv_cache_spec(cls.make_args(config))
 
     # ----- forward -----------------------------------------------------------------
-    def decoder(self) -> nnx.Module:
+    def decoder(self) -> DecoderStack:
         """The stack mapping (input_ids, positions, kv_caches, md) -> (hidden, kv_caches)."""
         raise NotImplementedError
 
@@ -191,6 +266,7 @@ class CausalLMBase(nnx.Module):
         """Fill Params from (HF name, array) pairs, one tensor at a time, straight onto their
         sharding. Returns the (canonical) HF names consumed, knowingly skipped buffers included."""
         targets = self._weight_targets()
+        mesh_of = self.placement_meshes()
         loaded: set[str] = set()
         for raw_name, array in weights:
             name = self.canonical_name(raw_name)
@@ -205,13 +281,21 @@ class CausalLMBase(nnx.Module):
                 raise WeightShapeError(source, raw_name, target.hf_shape, shape)
             host = np.asarray(array)
             for param, fn in target.parts:
-                place(param, fn(host), self.dtype, self.mesh)
+                place(param, fn(host), self.dtype, mesh_of.get(id(param), self.mesh))
             loaded.add(name)
             del array, host  # not held while the next tensor is read
         logger.debug("loaded %d tensors from %s", len(loaded), source)
         return loaded
 
     # ----- sharding ----------------------------------------------------------------
+    def placement_meshes(self) -> dict[int, Mesh]:
+        """id(Param) -> the stage sub-mesh it is loaded onto (empty without pipeline parallel)."""
+        if self.pipeline_size == 1:
+            return {}
+        homes = pipeline_param_stages(self, list(self.layer_ranges))
+        return {id(node): stage_mesh(self.mesh, homes[tuple(path)][0])
+                for path, node in nnx.iter_graph(self) if isinstance(node, nnx.Param)}
+
     def partition_specs(self) -> dict[str, PartitionSpec]:
         """nnx path name -> PartitionSpec of every Param."""
         return {

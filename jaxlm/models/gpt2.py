@@ -12,7 +12,7 @@ from typing import Any
 from flax import nnx
 
 from jaxlm.core.kv_cache_utils import KVCacheSpec
-from jaxlm.models.base import CausalLMBase, WeightTarget, run_decoder_layers
+from jaxlm.models.base import CausalLMBase, DecoderStack, WeightTarget
 from jaxlm.models.layers import Embedding, LayerNorm, Linear, ParallelStyle, get_act_fn
 from jaxlm.models.utils import HF_AS_IS
 
@@ -103,7 +103,7 @@ class GPT2Block(nnx.Module):
         return x + self.mlp(self.ln_2(x)), kv_cache
 
 
-class GPT2Model(nnx.Module):
+class GPT2Model(DecoderStack):
     def __init__(self, args: GPT2Args, *, dtype, attn_backend, rngs: nnx.Rngs):
         self.wte = Embedding(args.vocab_size, args.hidden_size, dtype=dtype, rngs=rngs)
         self.wpe = Embedding(args.max_positions, args.hidden_size, dtype=dtype, rngs=rngs, shard_vocab=False)
@@ -112,10 +112,14 @@ class GPT2Model(nnx.Module):
         )
         self.ln_f = LayerNorm(args.hidden_size, eps=args.eps, dtype=dtype, rngs=rngs)
 
-    def __call__(self, input_ids, positions, kv_caches, md):
-        x = self.wte(input_ids) + self.wpe(positions)
-        x, kv_caches = run_decoder_layers(self.h, x, positions, kv_caches, md)
-        return self.ln_f(x), kv_caches
+    def embed(self, input_ids, positions):
+        return self.wte(input_ids) + self.wpe(positions)
+
+    def decoder_layers(self):
+        return self.h
+
+    def final(self, x):
+        return self.ln_f(x)
 
 
 class GPT2LMHeadModel(CausalLMBase):

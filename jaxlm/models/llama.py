@@ -16,7 +16,7 @@ from flax import nnx
 
 from jaxlm.attention.metadata import AttentionMetadata
 from jaxlm.core.kv_cache_utils import KVCacheSpec
-from jaxlm.models.base import CausalLMBase, run_decoder_layers
+from jaxlm.models.base import CausalLMBase, DecoderStack
 from jaxlm.models.layers import Embedding, Linear, ParallelStyle, RMSNorm, get_act_fn
 from jaxlm.models.rotary import RotaryEmbedding
 
@@ -147,7 +147,7 @@ class LlamaDecoderLayer(nnx.Module):
         return x, kv_cache
 
 
-class LlamaModel(nnx.Module):
+class LlamaModel(DecoderStack):
     def __init__(self, args: LlamaArgs, rope, *, dtype, attn_backend, rngs: nnx.Rngs):
         self.embed_tokens = Embedding(args.vocab_size, args.hidden_size, dtype=dtype, rngs=rngs)
         self.layers = nnx.List(
@@ -158,9 +158,14 @@ class LlamaModel(nnx.Module):
         )
         self.norm = RMSNorm(args.hidden_size, eps=args.rms_norm_eps, dtype=dtype, rngs=rngs)
 
-    def __call__(self, input_ids, positions, kv_caches, md):
-        x, kv_caches = run_decoder_layers(self.layers, self.embed_tokens(input_ids), positions, kv_caches, md)
-        return self.norm(x), kv_caches
+    def embed(self, input_ids, positions):
+        return self.embed_tokens(input_ids)
+
+    def decoder_layers(self):
+        return self.layers
+
+    def final(self, x):
+        return self.norm(x)
 
 
 class LlamaForCausalLM(CausalLMBase):

@@ -9,7 +9,7 @@ from typing import Any
 from flax import nnx
 
 from jaxlm.core.kv_cache_utils import KVCacheSpec
-from jaxlm.models.base import CausalLMBase, run_decoder_layers
+from jaxlm.models.base import CausalLMBase, DecoderStack
 from jaxlm.models.layers import Embedding, LayerNorm, Linear, ParallelStyle, get_act_fn
 
 COLUMN, ROW, REPLICATED = ParallelStyle.COLUMN, ParallelStyle.ROW, ParallelStyle.REPLICATED
@@ -102,7 +102,7 @@ class OPTDecoderLayer(nnx.Module):
         return x, kv_cache
 
 
-class OPTDecoder(nnx.Module):
+class OPTDecoder(DecoderStack):
     def __init__(self, args: OPTArgs, *, dtype, attn_backend, rngs: nnx.Rngs):
         h, p = args.hidden_size, args.word_embed_proj_dim
         self.embed_tokens = Embedding(args.vocab_size, p, dtype=dtype, rngs=rngs)
@@ -120,17 +120,21 @@ class OPTDecoder(nnx.Module):
             [OPTDecoderLayer(args, dtype=dtype, attn_backend=attn_backend, rngs=rngs) for _ in range(args.num_layers)]
         )
 
-    def __call__(self, input_ids, positions, kv_caches, md):
+    def embed(self, input_ids, positions):
         x = self.embed_tokens(input_ids)
         if self.project_in is not None:
             x = self.project_in(x)
-        x = x + self.embed_positions(positions + _POSITION_OFFSET)
-        x, kv_caches = run_decoder_layers(self.layers, x, positions, kv_caches, md)
+        return x + self.embed_positions(positions + _POSITION_OFFSET)
+
+    def decoder_layers(self):
+        return self.layers
+
+    def final(self, x):
         if self.final_layer_norm is not None:
             x = self.final_layer_norm(x)
         if self.project_out is not None:
             x = self.project_out(x)
-        return x, kv_caches
+        return x
 
 
 class OPTModel(nnx.Module):

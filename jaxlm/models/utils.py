@@ -19,6 +19,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 # Axis names of the mesh (vLLM: tensor parallel = "model").
 DATA_AXIS = "data"
 MODEL_AXIS = "model"
+# Pipeline parallel: the leading axis of a ("stage", "data", "model") mesh, one sub-mesh per stage.
+STAGE_AXIS = "stage"
 
 # HF-layout transforms a Param may ask for when it is loaded (Param metadata ``hf_layout``).
 HF_AS_IS = "as_is"
@@ -83,6 +85,15 @@ def param_sharding(param: nnx.Variable, mesh: Mesh | None) -> jax.sharding.Shard
         return entry if entry in axes else None
 
     return NamedSharding(mesh, PartitionSpec(*(keep(e) for e in spec)))
+
+
+def stage_mesh(mesh: Mesh, stage: int) -> Mesh:
+    """The ("data", "model") sub-mesh of pipeline stage ``stage`` (a mesh without stages: itself)."""
+    if STAGE_AXIS not in mesh.axis_names:
+        return mesh
+    if mesh.axis_names[0] != STAGE_AXIS:
+        raise ValueError(f"the {STAGE_AXIS!r} axis must lead the mesh, got axes {mesh.axis_names}")
+    return Mesh(mesh.devices[stage], mesh.axis_names[1:])
 
 
 def hf_shape(param: nnx.Variable) -> tuple[int, ...]:

@@ -305,14 +305,7 @@ class ModelRunner:
         if so.total_num_scheduled_tokens == 0:
             return ModelRunnerOutput.empty()
 
-        kind = self._body_kind(so)
-        T = pick_bucket(so.total_num_scheduled_tokens, self.body_buckets()[kind])
-        inputs = self.input_batch.prepare_inputs(so, T, self._rows_for(T), self.sample_capacity)
-        self._record_padding(inputs, T)
-        outs = self._body[(T, kind)](self.params, self.kv_caches, *self._device_inputs(inputs, kind))
-        hidden, self.kv_caches = outs[0], outs[-1]
-        prompt_logprobs = self._prompt_logprobs(inputs, outs[1]) if kind == PROMPT_LOGPROBS else {}
-
+        inputs, hidden, prompt_logprobs = self._run_body(so)
         sampled, logprobs = self._sample_tokens(inputs, hidden)
         return ModelRunnerOutput(
             req_ids=inputs.req_ids,
@@ -323,6 +316,18 @@ class ModelRunner:
             failed_req_ids=self._take_failed(inputs.req_ids),
             grammar_terminated_req_ids=self.grammars.advance(sampled),
         )
+
+    def _run_body(self, so: SchedulerOutput) -> tuple[StepInputs, jax.Array, dict[str, LogprobsLists]]:
+        """The step's body: its inputs, the sampling rows' hidden states, prompt logprobs owed
+        (the pipeline runner overrides it to run stages over micro-batches)."""
+        kind = self._body_kind(so)
+        T = pick_bucket(so.total_num_scheduled_tokens, self.body_buckets()[kind])
+        inputs = self.input_batch.prepare_inputs(so, T, self._rows_for(T), self.sample_capacity)
+        self._record_padding(inputs, T)
+        outs = self._body[(T, kind)](self.params, self.kv_caches, *self._device_inputs(inputs, kind))
+        hidden, self.kv_caches = outs[0], outs[-1]
+        prompt_logprobs = self._prompt_logprobs(inputs, outs[1]) if kind == PROMPT_LOGPROBS else {}
+        return inputs, hidden, prompt_logprobs
 
     def _record_padding(self, inputs: StepInputs, T: int) -> None:
         R, num_rows = self._rows_for(T), len(inputs.req_ids)

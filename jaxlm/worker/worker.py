@@ -12,7 +12,9 @@ from jaxlm.config import EngineConfig
 from jaxlm.core.outputs import ModelRunnerOutput
 from jaxlm.core.sched_output import SchedulerOutput
 from jaxlm.model_loader import get_jax_dtype, get_model
+from jaxlm.models.utils import STAGE_AXIS, stage_mesh
 from jaxlm.worker.model_runner import ModelRunner
+from jaxlm.worker.pipeline_runner import PipelineModelRunner
 
 # CPU has no device memory to measure: the KV cache defaults to this much RAM (vLLM's CPU
 # backend default too), capped by half the free RAM and by what the limits can ever use.
@@ -26,13 +28,17 @@ class Worker:
         self.model_runner: ModelRunner | None = None
 
     def load_model(self) -> None:
-        # Under tensor parallel each device attends over its own heads.
-        backend = shard_attention_backend(get_attention_backend(self.config.attention_backend), self.mesh)
+        # Under tensor parallel each device attends over its own heads. Under pipeline parallel
+        # every stage's sub-mesh has the same shape: its abstract mesh serves all stages.
+        pipeline = self.mesh.shape.get(STAGE_AXIS, 1) > 1
+        head_mesh = stage_mesh(self.mesh, 0).abstract_mesh if pipeline else self.mesh
+        backend = shard_attention_backend(get_attention_backend(self.config.attention_backend), head_mesh)
         self.dtype = get_jax_dtype(self.config.model_config)
         model = get_model(
             self.config.model_config, self.config.load_config, attn_backend=backend, mesh=self.mesh
         )
-        self.model_runner = ModelRunner(self.config, model, self.mesh)
+        runner_cls = PipelineModelRunner if pipeline else ModelRunner
+        self.model_runner = runner_cls(self.config, model, self.mesh)
 
     def bytes_per_block(self) -> int:
         return self.model_runner.kv_cache_spec.bytes_per_block(

@@ -10,7 +10,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxlm.core.kv_cache_utils import KVCacheSpec
 from jaxlm.models import get_param_partition_spec
-from jaxlm.models.base import run_decoder_layers
+from jaxlm.models.base import run_decoder_layers, split_layers
 from jaxlm.models.gpt2 import GPT2LMHeadModel
 from jaxlm.models.layers import Linear, ParallelStyle
 from jaxlm.models.llama import LlamaForCausalLM, Qwen3ForCausalLM
@@ -76,3 +76,11 @@ def test_parallel_style_specs(style, weight, bias):
     lin = nnx.eval_shape(lambda: Linear(8, 4, bias=True, parallel=style, dtype=jnp.float32, rngs=nnx.Rngs(0)))
     assert get_param_partition_spec(lin.weight) == weight
     assert get_param_partition_spec(lin.bias) == bias
+
+
+def test_split_layers_contiguous_first_stages_one_more():
+    assert split_layers(4, 2) == [range(0, 2), range(2, 4)]
+    assert split_layers(5, 4) == [range(0, 2), range(2, 3), range(3, 4), range(4, 5)]
+    assert split_layers(3, 1) == [range(0, 3)]
+    with pytest.raises(ValueError, match="pipeline_parallel_size=5.*num_hidden_layers=4"):
+        split_layers(4, 5)
