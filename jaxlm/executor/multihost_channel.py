@@ -1,0 +1,178 @@
+"""The driver broadcast between nodes: rank 0 sends each step's SchedulerOutput to every follower.
+
+Two ZMQ sockets per follower, both bound on rank 0 (``master_port + 1`` and ``+ 2``):
+  * steps: ROUTER on rank 0, one DEALER per follower. Each follower says hello with its rank
+    first, so rank 0 knows every peer before the first message and sends each one to each
+    (no slow-joiner loss as with PUB/SUB, never blocks on an acknowledgement). Messages are
+    pickles of plain Python + numpy (SchedulerOutput, the EngineConfig): the nodes trust each
+    other, as the JAX coordinator already requires, so keep these ports on a private network.
+  * heartbeats: the same pair on the next port, owned by one thread per side. Every
+    ``HEARTBEAT_INTERVAL_S`` a follower beats and rank 0 answers; a socket that disconnects (a
+    killed process) or a peer silent for ``timeout`` seconds (a hung one) is a lost node.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import threading
+import time
+from typing import Any, Callable
+
+import zmq
+from zmq.utils.monitor import recv_monitor_message
+
+logger = logging.getLogger(__name__)
+
+HEARTBEAT_INTERVAL_S = 0.5
+# How long nodes may take to find each other (loading, first connection).
+STARTUP_TIMEOUT_S = 300.0
+_POLL_MS = 100
+
+
+def _ports(master_port: int) -> tuple[int, int]:
+    return master_port + 1, master_port + 2
+
+
+def _disconnected(monitor: zmq.Socket) -> bool:
+    """Drains the monitor socket; True if a connection went away."""
+    lost = False
+    while monitor.poll(0):
+        event = recv_monitor_message(monitor)["event"]
+        lost |= event == zmq.EVENT_DISCONNECTED
+    return lost
+
+
+class StepBroadcaster:
+    """Rank 0's side: sends every message to every follower; watches their heartbeats."""
+
+    def __init__(self, master_port: int, num_followers: int, timeout_s: float):
+        self.num_followers = num_followers
+        self.timeout_s = timeout_s
+        self._ctx = zmq.Context()
+        steps_port, self._hb_port = _ports(master_port)
+        self._steps = self._ctx.socket(zmq.ROUTER)
+        self._steps.setsockopt(zmq.LINGER, 0)
+        self._steps.bind(f"tcp://*:{steps_port}")
+        self._peers: list[bytes] = []
+        # Why a follower is lost (None while all live): set by the heartbeat thread.
+        self.lost: str | None = None
+        self._stop = threading.Event()
+        self._hb_ready = threading.Event()
+        self._hb_thread = threading.Thread(target=self._heartbeats, name="jaxlm-multihost-heartbeat", daemon=True)
+        self._hb_thread.start()
+        self._hb_ready.wait()
+
+    def wait_for_followers(self, timeout_s: float) -> None:
+        """Blocks until every follower said hello (they may still be starting up)."""
+        deadline = time.monotonic() + timeout_s
+        ranks: dict[int, bytes] = {}
+        while len(ranks) < self.num_followers:
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0 or not self._steps.poll(left_ms):
+                raise TimeoutError(f"only {len(ranks)} of {self.num_followers} follower node(s) connected "
+                                   f"in {timeout_s:.0f} s (ranks {sorted(ranks)})")
+            ident, payload = self._steps.recv_multipart()
+            ranks[pickle.loads(payload)] = ident
+        self._peers = [ranks[r] for r in sorted(ranks)]
+        logger.info("multihost: %d follower node(s) connected", len(ranks))
+
+    def send(self, message: Any) -> None:
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        for ident in self._peers:
+            self._steps.send_multipart([ident, data], copy=False)
+
+    def _heartbeats(self) -> None:
+        sock = self._ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        sock.bind(f"tcp://*:{self._hb_port}")
+        self._hb_ready.set()
+        last_seen: dict[int, float] = {}
+        try:
+            while not self._stop.is_set() and self.lost is None:
+                while sock.poll(_POLL_MS):
+                    ident, payload = sock.recv_multipart()
+                    last_seen[pickle.loads(payload)] = time.monotonic()
+                    sock.send_multipart([ident, b""])
+                if _disconnected(monitor):
+                    self.lost = "a follower node closed its connection (killed or crashed)"
+                now = time.monotonic()
+                for rank, seen in last_seen.items():
+                    if now - seen > self.timeout_s:
+                        self.lost = f"follower node {rank} sent no heartbeat for {now - seen:.1f} s (hung?)"
+            if self.lost is not None:
+                logger.error("multihost: %s", self.lost)
+        finally:
+            sock.disable_monitor()
+            monitor.close(0)
+            sock.close(0)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._hb_thread.join(2.0)
+        self._steps.close(0)
+        self._ctx.term()
+
+
+class StepReceiver:
+    """A follower's side: receives rank 0's messages; ``on_lost`` runs (on the heartbeat
+    thread) when rank 0 is gone or silent."""
+
+    def __init__(self, master_addr: str, master_port: int, rank: int, timeout_s: float,
+                 on_lost: Callable[[str], None]):
+        self.rank = rank
+        self.timeout_s = timeout_s
+        self._on_lost = on_lost
+        self._ctx = zmq.Context()
+        steps_port, hb_port = _ports(master_port)
+        self._steps = self._ctx.socket(zmq.DEALER)
+        self._steps.setsockopt(zmq.LINGER, 0)
+        self._steps.connect(f"tcp://{master_addr}:{steps_port}")
+        self._steps.send(pickle.dumps(rank))
+        self._stop = threading.Event()
+        self._hb_thread = threading.Thread(target=self._heartbeats, args=(f"tcp://{master_addr}:{hb_port}",),
+                                           name="jaxlm-multihost-heartbeat", daemon=True)
+        self._hb_thread.start()
+
+    def recv(self) -> Any:
+        return pickle.loads(self._steps.recv(copy=False).buffer)
+
+    def _heartbeats(self, address: str) -> None:
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        sock.connect(address)
+        beat = pickle.dumps(self.rank)
+        last_answer = last_beat = time.monotonic()
+        # Rank 0 may still be loading when this node starts: the first answer gets longer.
+        limit = max(self.timeout_s, STARTUP_TIMEOUT_S)
+        why = None
+        try:
+            while not self._stop.is_set() and why is None:
+                now = time.monotonic()
+                if now - last_beat >= HEARTBEAT_INTERVAL_S:
+                    try:
+                        sock.send(beat, zmq.NOBLOCK)
+                    except zmq.Again:  # not connected yet
+                        pass
+                    last_beat = now
+                while sock.poll(_POLL_MS):
+                    sock.recv()
+                    last_answer, limit = time.monotonic(), self.timeout_s
+                if _disconnected(monitor):
+                    why = "rank 0 closed its connection (killed or crashed)"
+                elif time.monotonic() - last_answer > limit:
+                    why = f"rank 0 answered no heartbeat for {time.monotonic() - last_answer:.1f} s (hung?)"
+        finally:
+            sock.disable_monitor()
+            monitor.close(0)
+            sock.close(0)
+        if why is not None:
+            self._on_lost(why)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._hb_thread.join(2.0)
+        self._steps.close(0)
+        self._ctx.term()

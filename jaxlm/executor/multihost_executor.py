@@ -1,0 +1,168 @@
+"""MultiHostExecutor: rank 0 of several nodes, and the followers' worker loop (``--headless``).
+
+Every node runs the same SPMD program over one global mesh (``jax.distributed``): rank 0
+schedules, sends each step's SchedulerOutput to the followers (multihost_channel), and runs the
+step itself; each follower builds the same inputs from it (its InputBatch sees the same updates
+and the same replicated sampled tokens) and runs the same step. Rank 0 also sends its resolved
+EngineConfig (buckets included) and the KV-cache size it chose, so every node compiles the
+same programs in the same order and allocates the same cache.
+
+Faults: rank 0 runs each step on a step thread and waits for it under a watchdog. A follower
+that is killed (its connection closes; gloo collectives fail at once) or hangs (no heartbeat,
+or a step past ``distributed_timeout_seconds``) makes ``execute_model`` raise NodeLostError,
+so the engine dies the usual way (EngineDeadError to open requests, the server exits 1). A
+follower exits 1 as soon as rank 0 is gone or silent; JAX's own heartbeat is the backstop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import queue
+import threading
+import time
+import weakref
+from typing import Any, Callable
+
+from jaxlm.config import ParallelConfig, arg_fields
+from jaxlm.core.outputs import ModelRunnerOutput
+from jaxlm.core.sched_output import SchedulerOutput
+from jaxlm.executor.distributed import check_world_size, init_distributed
+from jaxlm.executor.mesh_executor import MeshExecutor
+from jaxlm.executor.multihost_channel import STARTUP_TIMEOUT_S, StepBroadcaster, StepReceiver
+
+logger = logging.getLogger(__name__)
+
+_CONFIG, _INIT_CACHE, _STEP, _SHUTDOWN = "config", "init_cache", "step", "shutdown"
+
+
+class NodeLostError(RuntimeError):
+    """A node of the mesh died or hangs: the engine cannot run another step."""
+
+
+class _StepThread:
+    """Runs steps off the caller's thread, so a collective that never returns cannot hang it."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._run, name="jaxlm-multihost-step", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            fn, box, done = self._jobs.get()
+            try:
+                box.append((True, fn()))
+            except BaseException as e:  # noqa: BLE001 - handed to the waiting caller
+                box.append((False, e))
+            done.set()
+
+    def run(self, fn: Callable[[], Any], timeout_s: float, lost: Callable[[], str | None]) -> Any:
+        box: list = []
+        done = threading.Event()
+        self._jobs.put((fn, box, done))
+        deadline = time.monotonic() + timeout_s
+        while not done.wait(0.05):
+            if (why := lost()) is not None:
+                raise NodeLostError(why)
+            if time.monotonic() > deadline:
+                raise NodeLostError(f"a step ran past {timeout_s} s: a collective never returned (a node hangs?)")
+        ok, value = box[0]
+        if ok:
+            return value
+        # A failed collective most likely means a lost node: give the heartbeats a moment to say which.
+        deadline = time.monotonic() + 1.0
+        while (why := lost()) is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        raise NodeLostError(f"{why or 'the step failed'}: {type(value).__name__}: {value}") from value
+
+
+class MultiHostExecutor(MeshExecutor):
+    """Rank 0: the global mesh's driver; the other nodes follow its steps."""
+
+    def _init_executor(self) -> None:
+        parallel = self.config.parallel_config
+        init_distributed(parallel)
+        check_world_size(parallel)
+        self._timeout = parallel.distributed_timeout_seconds
+        self.channel = StepBroadcaster(parallel.master_port, parallel.nnodes - 1, self._timeout)
+        # Followers leave cleanly when rank 0's engine goes away (gc or interpreter exit).
+        self._shutdown = weakref.finalize(self, _close_channel, self.channel)
+        self.channel.wait_for_followers(STARTUP_TIMEOUT_S)
+        self.channel.send((_CONFIG, self.config))
+        self._steps = _StepThread()
+        self._failed: str | None = None
+        super()._init_executor()  # the global mesh; each node places only its own shards
+
+    def initialize_cache(self, num_blocks: int) -> None:
+        # Rank 0 sized it; every node allocates the same and compiles the same programs.
+        self.channel.send((_INIT_CACHE, num_blocks))
+        super().initialize_cache(num_blocks)
+
+    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        self.check_health()
+        self.channel.send((_STEP, scheduler_output))
+        try:
+            return self._steps.run(lambda: self.worker.execute_model(scheduler_output), self._timeout,
+                                   lambda: self.channel.lost)
+        except NodeLostError as e:
+            self._failed = str(e)
+            raise
+
+    def check_health(self) -> None:
+        """Raises NodeLostError once a node is lost (vLLM's Executor.check_health)."""
+        why = self._failed or self.channel.lost
+        if why is not None:
+            raise NodeLostError(why)
+
+    def shutdown(self) -> None:
+        self._shutdown()
+
+
+def _close_channel(channel: StepBroadcaster) -> None:
+    try:
+        channel.send((_SHUTDOWN,))
+        time.sleep(0.1)  # let the messages leave before the sockets close
+    finally:
+        channel.close()
+
+
+def _lost_rank0(why: str) -> None:
+    logger.error("multihost follower: %s; exiting", why)
+    logging.shutdown()
+    os._exit(1)  # the main thread may sit in a collective that never returns
+
+
+def run_follower(parallel: ParallelConfig) -> int:
+    """A follower node's worker loop (node_rank > 0): 0 when rank 0 shut down cleanly."""
+    if parallel.nnodes < 2 or parallel.node_rank == 0:
+        raise ValueError(f"a follower needs nnodes > 1 and node_rank > 0 "
+                         f"(got nnodes={parallel.nnodes}, node_rank={parallel.node_rank})")
+    init_distributed(parallel)
+    channel = StepReceiver(parallel.master_addr, parallel.master_port, parallel.node_rank,
+                           parallel.distributed_timeout_seconds, on_lost=_lost_rank0)
+    kind, config = channel.recv()
+    assert kind == _CONFIG, kind
+    logger.info("multihost follower %d: serving %s for rank 0", parallel.node_rank, config.model_config.model)
+    executor = MeshExecutor(config)  # rank 0's config: the same mesh, weights and buckets
+    while True:
+        message = channel.recv()
+        if message[0] == _STEP:
+            executor.execute_model(message[1])  # rank 0 reads the (replicated) tokens
+        elif message[0] == _INIT_CACHE:
+            executor.initialize_cache(message[1])
+        elif message[0] == _SHUTDOWN:
+            logger.info("multihost follower %d: rank 0 shut down", parallel.node_rank)
+            channel.close()
+            return 0
+
+
+def run_headless(args: argparse.Namespace) -> int:
+    """``python -m jaxlm.serve --headless --nnodes N --node-rank I --master-addr A --master-port P``."""
+    parallel = ParallelConfig(**{f.name: getattr(args, f.name) for f in arg_fields(ParallelConfig)})
+    try:
+        return run_follower(parallel)
+    except Exception:  # noqa: BLE001 - a follower has nobody to report to but its log
+        logger.exception("multihost follower %d failed", parallel.node_rank)
+        logging.shutdown()
+        os._exit(1)  # jax.distributed's exit barrier would wait for the dead peers
