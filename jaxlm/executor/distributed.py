@@ -8,9 +8,10 @@ is then the global device list and one mesh spans every node's devices.
 from __future__ import annotations
 
 import logging
-import os
+from typing import Any
 
 import jax
+import numpy as np
 
 from jaxlm.config import ParallelConfig
 
@@ -52,3 +53,26 @@ def check_world_size(parallel: ParallelConfig) -> None:
         raise ValueError(
             f"tensor_parallel_size x pipeline_parallel_size = {world} must equal the devices of all "
             f"{parallel.nnodes} nodes ({jax.device_count()}: {jax.local_device_count()} on this one)")
+
+
+def place_inputs(tree: Any, sharding: jax.sharding.Sharding | None) -> Any:
+    """Host arrays (a pytree) -> device arrays on ``sharding`` (None: the default device): the
+    one placement of step inputs and sampling metadata, at warm-up as at serving.
+
+    Over several nodes every node holds the same inputs (built from the same SchedulerOutput),
+    so each puts its own copy on its own devices and the pieces form one global array: no
+    program, no collective (``jax.device_put`` onto a multi-process sharding would run and
+    compile an all-gather per shape)."""
+    if sharding is None:
+        return jax.device_put(tree)
+    if sharding.is_fully_addressable:
+        return jax.device_put(tree, sharding)
+    if not sharding.is_fully_replicated:
+        raise ValueError(f"step inputs over several nodes must be replicated, got {sharding}")
+    devices = list(sharding.addressable_devices)
+
+    def place(x: Any) -> jax.Array:
+        x = np.asarray(x)
+        return jax.make_array_from_single_device_arrays(x.shape, sharding, jax.device_put([x] * len(devices), devices))
+
+    return jax.tree.map(place, tree)

@@ -43,6 +43,12 @@ def _disconnected(monitor: zmq.Socket) -> bool:
     return lost
 
 
+def _stall(last_loop: float) -> float:
+    """How long this thread itself could not run (GIL, CPU) beyond its poll: not the peer's silence."""
+    gap = time.monotonic() - last_loop - _POLL_MS / 1000
+    return gap if gap > HEARTBEAT_INTERVAL_S else 0.0
+
+
 class StepBroadcaster:
     """Rank 0's side: sends every message to every follower; watches their heartbeats."""
 
@@ -63,19 +69,22 @@ class StepBroadcaster:
         self._hb_thread.start()
         self._hb_ready.wait()
 
-    def wait_for_followers(self, timeout_s: float) -> None:
-        """Blocks until every follower said hello (they may still be starting up)."""
+    def wait_for_followers(self, timeout_s: float, what: str = "connected") -> None:
+        """Blocks until every follower reported (its hello, then its end of warm-up: a barrier)."""
         deadline = time.monotonic() + timeout_s
         ranks: dict[int, bytes] = {}
         while len(ranks) < self.num_followers:
             left_ms = int((deadline - time.monotonic()) * 1000)
-            if left_ms <= 0 or not self._steps.poll(left_ms):
-                raise TimeoutError(f"only {len(ranks)} of {self.num_followers} follower node(s) connected "
+            if self.lost is not None:
+                raise ConnectionError(self.lost)
+            if left_ms <= 0:
+                raise TimeoutError(f"only {len(ranks)} of {self.num_followers} follower node(s) {what} "
                                    f"in {timeout_s:.0f} s (ranks {sorted(ranks)})")
-            ident, payload = self._steps.recv_multipart()
-            ranks[pickle.loads(payload)] = ident
+            if self._steps.poll(min(left_ms, 1000)):
+                ident, payload = self._steps.recv_multipart()
+                ranks[pickle.loads(payload)] = ident
         self._peers = [ranks[r] for r in sorted(ranks)]
-        logger.info("multihost: %d follower node(s) connected", len(ranks))
+        logger.info("multihost: %d follower node(s) %s", len(ranks), what)
 
     def send(self, message: Any) -> None:
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
@@ -89,8 +98,11 @@ class StepBroadcaster:
         sock.bind(f"tcp://*:{self._hb_port}")
         self._hb_ready.set()
         last_seen: dict[int, float] = {}
+        last_loop = time.monotonic()
         try:
             while not self._stop.is_set() and self.lost is None:
+                stall, last_loop = _stall(last_loop), time.monotonic()
+                last_seen = {rank: seen + stall for rank, seen in last_seen.items()}
                 while sock.poll(_POLL_MS):
                     ident, payload = sock.recv_multipart()
                     last_seen[pickle.loads(payload)] = time.monotonic()
@@ -129,11 +141,15 @@ class StepReceiver:
         self._steps = self._ctx.socket(zmq.DEALER)
         self._steps.setsockopt(zmq.LINGER, 0)
         self._steps.connect(f"tcp://{master_addr}:{steps_port}")
-        self._steps.send(pickle.dumps(rank))
+        self.report()  # hello
         self._stop = threading.Event()
         self._hb_thread = threading.Thread(target=self._heartbeats, args=(f"tcp://{master_addr}:{hb_port}",),
                                            name="jaxlm-multihost-heartbeat", daemon=True)
         self._hb_thread.start()
+
+    def report(self) -> None:
+        """Tells rank 0 this node reached the next stage (connected, warmed up)."""
+        self._steps.send(pickle.dumps(self.rank))
 
     def recv(self) -> Any:
         return pickle.loads(self._steps.recv(copy=False).buffer)
@@ -149,8 +165,10 @@ class StepReceiver:
         limit = max(self.timeout_s, STARTUP_TIMEOUT_S)
         why = None
         try:
+            last_loop = last_answer
             while not self._stop.is_set() and why is None:
-                now = time.monotonic()
+                last_answer += _stall(last_loop)
+                now = last_loop = time.monotonic()
                 if now - last_beat >= HEARTBEAT_INTERVAL_S:
                     try:
                         sock.send(beat, zmq.NOBLOCK)

@@ -98,6 +98,8 @@ class MultiHostExecutor(MeshExecutor):
         # Rank 0 sized it; every node allocates the same and compiles the same programs.
         self.channel.send((_INIT_CACHE, num_blocks))
         super().initialize_cache(num_blocks)
+        # Lock-step: the first step's collectives must not wait on a node still compiling.
+        self.channel.wait_for_followers(STARTUP_TIMEOUT_S, "warmed up")
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         self.check_health()
@@ -151,6 +153,7 @@ def run_follower(parallel: ParallelConfig) -> int:
             executor.execute_model(message[1])  # rank 0 reads the (replicated) tokens
         elif message[0] == _INIT_CACHE:
             executor.initialize_cache(message[1])
+            channel.report()  # warmed up
         elif message[0] == _SHUTDOWN:
             logger.info("multihost follower %d: rank 0 shut down", parallel.node_rank)
             channel.close()
