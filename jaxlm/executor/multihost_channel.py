@@ -136,6 +136,7 @@ class StepReceiver:
         self.rank = rank
         self.timeout_s = timeout_s
         self._on_lost = on_lost
+        self.lost: str | None = None  # why rank 0 is gone (set before on_lost runs)
         self._ctx = zmq.Context()
         steps_port, hb_port = _ports(master_port)
         self._steps = self._ctx.socket(zmq.DEALER)
@@ -187,6 +188,7 @@ class StepReceiver:
             monitor.close(0)
             sock.close(0)
         if why is not None:
+            self.lost = why
             self._on_lost(why)
 
     def close(self) -> None:

@@ -41,6 +41,13 @@ class NodeLostError(RuntimeError):
     """A node of the mesh died or hangs: the engine cannot run another step."""
 
 
+def _wait_for(lost: Callable[[], str | None], seconds: float) -> str | None:
+    deadline = time.monotonic() + seconds
+    while (why := lost()) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return why
+
+
 class _StepThread:
     """Runs steps off the caller's thread, so a collective that never returns cannot hang it."""
 
@@ -71,9 +78,7 @@ class _StepThread:
         if ok:
             return value
         # A failed collective most likely means a lost node: give the heartbeats a moment to say which.
-        deadline = time.monotonic() + 1.0
-        while (why := lost()) is None and time.monotonic() < deadline:
-            time.sleep(0.05)
+        why = _wait_for(lost, 1.0)
         raise NodeLostError(f"{why or 'the step failed'}: {type(value).__name__}: {value}") from value
 
 
@@ -150,7 +155,12 @@ def run_follower(parallel: ParallelConfig) -> int:
     while True:
         message = channel.recv()
         if message[0] == _STEP:
-            executor.execute_model(message[1])  # rank 0 reads the (replicated) tokens
+            try:
+                executor.execute_model(message[1])  # rank 0 reads the (replicated) tokens
+            except Exception:
+                # A failed collective most likely means rank 0 is gone: let the heartbeats say so.
+                _wait_for(lambda: channel.lost, 1.0)
+                raise
         elif message[0] == _INIT_CACHE:
             executor.initialize_cache(message[1])
             channel.report()  # warmed up
