@@ -1,6 +1,7 @@
 """Rank 0 of a two-node run on localhost, as a process of tests/executor/test_multihost_executor.py.
 
-Usage: ``python -m tests.helpers.multihost_cases MODEL MASTER_PORT DIR [--reference]``. The
+Usage: ``python -m tests.helpers.multihost_cases MODEL MASTER_PORT DIR [--reference | --bench |
+--bench-single TP]``. The
 follower is ``python -m jaxlm.serve MODEL --headless --nnodes 2 --node-rank 1 ...`` (started by
 the test). This process serves through AsyncLLMEngine (TP=2 over the two processes' CPU
 devices), writes DIR/results.json (greedy tokens, compile counter, mean step time; with
@@ -55,9 +56,36 @@ async def serve(engine: AsyncLLMEngine, work: str, reference: bool) -> None:
             json.dump(dict(type=type(e).__name__, message=str(e), time=time.time()), f)
 
 
+def step_seconds(llm: LLM, num_steps: int = 40) -> float:
+    """Median wall time of a decode step of 4 requests (the figures of the report)."""
+    engine = llm.llm_engine
+    for i, prompt in enumerate(PROMPTS):
+        engine.add_request(f"b{i}", {"prompt_token_ids": prompt}, SamplingParams(max_tokens=num_steps + 8,
+                                                                                  temperature=0.0, ignore_eos=True))
+    times = []
+    while engine.has_unfinished_requests():
+        start = time.perf_counter()
+        engine.step()
+        times.append(time.perf_counter() - start)
+    return sorted(times[4:num_steps])[len(times[4:num_steps]) // 2]
+
+
+def bench(model: str, work: str, **parallel: int) -> None:
+    """``--bench``: 2 nodes (PORT given, a follower started beside); ``--bench-single TP``: one
+    process (XLA_FLAGS may give it 8 CPU devices)."""
+    llm = LLM(model=model, **ENGINE, **parallel)
+    with open(os.path.join(work, "bench.json"), "w") as f:
+        json.dump(dict(parallel, step_seconds=step_seconds(llm)), f)
+    llm.llm_engine.executor.shutdown()  # the follower leaves with exit code 0
+
+
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     model, port, work = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    if "--bench" in sys.argv:
+        return bench(model, work, tensor_parallel_size=2, nnodes=2, master_port=port)
+    if "--bench-single" in sys.argv:
+        return bench(model, work, tensor_parallel_size=int(sys.argv[sys.argv.index("--bench-single") + 1]))
     args = EngineArgs(model=model, tensor_parallel_size=2, nnodes=2, node_rank=0, master_port=port,
                       distributed_timeout_seconds=5, **ENGINE)
     engine = AsyncLLMEngine.from_engine_args(args)
