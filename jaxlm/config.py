@@ -235,6 +235,8 @@ class ParallelConfig:
         self._from_jax_environment()
         if not 0 <= self.node_rank < self.nnodes:
             raise ValueError(f"node_rank={self.node_rank} must be in [0, nnodes={self.nnodes})")
+        if self.headless and self.node_rank == 0:
+            raise ValueError("--headless is for the nodes with --node-rank > 0 (rank 0 schedules and serves)")
         if not 0 < self.master_port < 65534:
             raise ValueError(f"master_port={self.master_port} must be in (0, 65534) (the next two ports are used too)")
 

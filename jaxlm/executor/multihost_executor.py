@@ -25,16 +25,18 @@ import time
 import weakref
 from typing import Any, Callable
 
-from jaxlm.config import ParallelConfig, arg_fields
+from jaxlm.config import EngineConfig, ParallelConfig, arg_fields
 from jaxlm.core.outputs import ModelRunnerOutput
 from jaxlm.core.sched_output import SchedulerOutput
 from jaxlm.executor.distributed import check_world_size, init_distributed
 from jaxlm.executor.mesh_executor import MeshExecutor
 from jaxlm.executor.multihost_channel import STARTUP_TIMEOUT_S, StepBroadcaster, StepReceiver
+from jaxlm.model_loader import get_tokenizer
+from jaxlm.structured_output.manager import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
 
-_CONFIG, _INIT_CACHE, _STEP, _SHUTDOWN = "config", "init_cache", "step", "shutdown"
+_CONFIG, _INIT_CACHE, _GRAMMAR, _STEP, _SHUTDOWN = "config", "init_cache", "grammar", "step", "shutdown"
 
 
 class NodeLostError(RuntimeError):
@@ -97,6 +99,7 @@ class MultiHostExecutor(MeshExecutor):
         self.channel.send((_CONFIG, self.config))
         self._steps = _StepThread()
         self._failed: str | None = None
+        self._grammar_sent = False
         super()._init_executor()  # the global mesh; each node places only its own shards
 
     def initialize_cache(self, num_blocks: int) -> None:
@@ -108,6 +111,12 @@ class MultiHostExecutor(MeshExecutor):
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         self.check_health()
+        manager = self.worker.model_runner.grammars.manager
+        if manager is not None and not self._grammar_sent:
+            # The engine built it for the first constrained request: followers build its twin,
+            # so every node fills the same bitmask (an input of the replicated sampler).
+            self.channel.send((_GRAMMAR, manager.eos_token_ids))
+            self._grammar_sent = True
         self.channel.send((_STEP, scheduler_output))
         try:
             return self._steps.run(lambda: self.worker.execute_model(scheduler_output), self._timeout,
@@ -161,6 +170,8 @@ def run_follower(parallel: ParallelConfig) -> int:
                 # A failed collective most likely means rank 0 is gone: let the heartbeats say so.
                 _wait_for(lambda: channel.lost, 1.0)
                 raise
+        elif message[0] == _GRAMMAR:
+            executor.get_model_runner().grammars.manager = _structured_output_manager(config, message[1])
         elif message[0] == _INIT_CACHE:
             executor.initialize_cache(message[1])
             channel.report()  # warmed up
@@ -168,6 +179,11 @@ def run_follower(parallel: ParallelConfig) -> int:
             logger.info("multihost follower %d: rank 0 shut down", parallel.node_rank)
             channel.close()
             return 0
+
+
+def _structured_output_manager(config: EngineConfig, eos_token_ids: list[int] | None) -> StructuredOutputManager:
+    mc = config.model_config
+    return StructuredOutputManager(get_tokenizer(mc), int(mc.hf_config.vocab_size), eos_token_ids=eos_token_ids)
 
 
 def run_headless(args: argparse.Namespace) -> int:

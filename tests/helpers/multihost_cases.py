@@ -21,11 +21,16 @@ import time
 from jaxlm import LLM, SamplingParams
 from jaxlm.engine.arg_utils import EngineArgs
 from jaxlm.engine.async_llm_engine import AsyncLLMEngine
+from jaxlm.structured_output.params import StructuredOutputsParams
 
 ENGINE = dict(max_num_seqs=4, max_model_len=128, max_num_batched_tokens=64, token_buckets=[16, 64],
               seq_buckets=[4], enable_prefix_caching=False)
 PROMPTS = [[1] + [3 + (7 * i + j) % 250 for j in range(n)] for i, n in enumerate((40, 9, 23, 5))]
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0)
+# Each node fills the same grammar bitmask (the follower builds its own matchers).
+CONSTRAINED = SamplingParams(max_tokens=12, temperature=0.0,
+                             structured_outputs=StructuredOutputsParams(regex="(ab|ba)+c"))
+PARAMS = [GREEDY, GREEDY, CONSTRAINED, GREEDY]
 ENDLESS = SamplingParams(max_tokens=100, temperature=0.0, ignore_eos=True)
 
 
@@ -38,13 +43,14 @@ async def collect(engine: AsyncLLMEngine, prompt: list[int], params: SamplingPar
 
 async def serve(engine: AsyncLLMEngine, work: str, reference: bool) -> None:
     start = time.perf_counter()
-    tokens = await asyncio.gather(*(collect(engine, p, GREEDY, f"g{i}") for i, p in enumerate(PROMPTS)))
+    tokens = await asyncio.gather(*(collect(engine, p, params, f"g{i}")
+                                    for i, (p, params) in enumerate(zip(PROMPTS, PARAMS))))
     seconds = time.perf_counter() - start
     runner = engine.engine.get_model_runner()
     results = dict(tokens=tokens, compiles=runner.num_compiles_after_warmup, seconds=seconds)
     if reference:  # one device of this process, no collectives
         llm = LLM(model=sys.argv[1], **ENGINE)
-        outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], GREEDY, use_tqdm=False)
+        outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], PARAMS, use_tqdm=False)
         results["reference"] = [list(o.outputs[0].token_ids) for o in outs]
     with open(os.path.join(work, "results.json"), "w") as f:
         json.dump(results, f)
