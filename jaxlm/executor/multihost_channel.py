@@ -50,11 +50,14 @@ def _stall(last_loop: float) -> float:
 
 
 class StepBroadcaster:
-    """Rank 0's side: sends every message to every follower; watches their heartbeats."""
+    """Rank 0's side: sends every message to every follower; watches their heartbeats
+    (``lost`` says why one is gone; ``on_lost`` runs then, on the heartbeat thread)."""
 
-    def __init__(self, master_port: int, num_followers: int, timeout_s: float):
+    def __init__(self, master_port: int, num_followers: int, timeout_s: float,
+                 on_lost: Callable[[str], None] | None = None):
         self.num_followers = num_followers
         self.timeout_s = timeout_s
+        self._on_lost = on_lost
         self._ctx = zmq.Context()
         steps_port, self._hb_port = _ports(master_port)
         self._steps = self._ctx.socket(zmq.ROUTER)
@@ -113,16 +116,23 @@ class StepBroadcaster:
                 for rank, seen in last_seen.items():
                     if now - seen > self.timeout_s:
                         self.lost = f"follower node {rank} sent no heartbeat for {now - seen:.1f} s (hung?)"
-            if self.lost is not None:
-                logger.error("multihost: %s", self.lost)
         finally:
             sock.disable_monitor()
             monitor.close(0)
             sock.close(0)
+        if self.lost is not None:
+            logger.error("multihost: %s", self.lost)
+            if self._on_lost is not None:
+                self._on_lost(self.lost)
 
-    def close(self) -> None:
+    def close(self, farewell: Any = None) -> None:
+        """Stops watching the followers first (their leaving is no loss), then sends them
+        ``farewell`` (if any) and closes."""
         self._stop.set()
         self._hb_thread.join(2.0)
+        if farewell is not None:
+            self.send(farewell)
+            time.sleep(0.1)  # let it leave before the socket closes
         self._steps.close(0)
         self._ctx.term()
 

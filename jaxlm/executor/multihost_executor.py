@@ -17,6 +17,7 @@ follower exits 1 as soon as rank 0 is gone or silent; JAX's own heartbeat is the
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import queue
@@ -36,6 +37,8 @@ from jaxlm.structured_output.manager import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
 
+# A lost node that no step noticed by then (rank 0 idle) ends rank 0's process.
+_IDLE_EXIT_S = 2.0
 _CONFIG, _INIT_CACHE, _GRAMMAR, _STEP, _SHUTDOWN = "config", "init_cache", "grammar", "step", "shutdown"
 
 
@@ -92,9 +95,10 @@ class MultiHostExecutor(MeshExecutor):
         init_distributed(parallel)
         check_world_size(parallel)
         self._timeout = parallel.distributed_timeout_seconds
-        self.channel = StepBroadcaster(parallel.master_port, parallel.nnodes - 1, self._timeout)
+        self.channel = StepBroadcaster(parallel.master_port, parallel.nnodes - 1, self._timeout,
+                                       on_lost=functools.partial(_exit_if_unnoticed, weakref.ref(self)))
         # Followers leave cleanly when rank 0's engine goes away (gc or interpreter exit).
-        self._shutdown = weakref.finalize(self, _close_channel, self.channel)
+        self._shutdown = weakref.finalize(self, self.channel.close, (_SHUTDOWN,))
         self.channel.wait_for_followers(STARTUP_TIMEOUT_S)
         self.channel.send((_CONFIG, self.config))
         self._steps = _StepThread()
@@ -127,20 +131,28 @@ class MultiHostExecutor(MeshExecutor):
 
     def check_health(self) -> None:
         """Raises NodeLostError once a node is lost (vLLM's Executor.check_health)."""
-        why = self._failed or self.channel.lost
-        if why is not None:
-            raise NodeLostError(why)
+        self._failed = self._failed or self.channel.lost
+        if self._failed is not None:
+            raise NodeLostError(self._failed)
 
     def shutdown(self) -> None:
         self._shutdown()
 
 
-def _close_channel(channel: StepBroadcaster) -> None:
-    try:
-        channel.send((_SHUTDOWN,))
-        time.sleep(0.1)  # let the messages leave before the sockets close
-    finally:
-        channel.close()
+def _exit_if_unnoticed(executor_ref: weakref.ref, why: str) -> None:
+    """A node was lost while rank 0 was idle: no step will raise for the engine to die of, and
+    JAX's own heartbeat would abort this process much later. Exit now, as a follower does."""
+
+    def check() -> None:
+        executor = executor_ref()
+        if executor is not None and executor._failed is None:
+            logger.error("multihost: %s while no step ran; exiting (code 1)", why)
+            logging.shutdown()
+            os._exit(1)
+
+    timer = threading.Timer(_IDLE_EXIT_S, check)
+    timer.daemon = True
+    timer.start()
 
 
 def _lost_rank0(why: str) -> None:

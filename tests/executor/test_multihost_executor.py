@@ -1,9 +1,9 @@
 """Several hosts on one machine: two processes (gloo, one CPU device each), TP=2 over both.
 
 Rank 0 is tests/helpers/multihost_cases.py (AsyncLLMEngine), the follower the real
-``python -m jaxlm.serve --headless``. Two pairs start at once (module fixture): the first
-checks the tokens against one device and then loses its follower (SIGKILL); the second loses
-its rank 0. Every process is killed at the end, whatever happened.
+``python -m jaxlm.serve --headless``. Three pairs start at once (module fixture): the first
+checks the tokens against one device and then loses its follower (SIGKILL) while serving; the
+second loses its rank 0; the third loses its follower while idle. Every process is killed at the end, whatever happened.
 """
 
 from __future__ import annotations
@@ -88,9 +88,10 @@ class Pair:
 def pairs(tmp_path_factory):
     work = tmp_path_factory.mktemp("multihost")
     model = tm.make_tiny_engine_model("llama", work / "llama")
-    (work / "a").mkdir()
-    (work / "b").mkdir()
-    started = [Pair(model, str(work / "a"), "--reference"), Pair(model, str(work / "b"))]
+    for name in "abc":
+        (work / name).mkdir()
+    started = [Pair(model, str(work / "a"), "--reference"), Pair(model, str(work / "b")),
+               Pair(model, str(work / "c"), "--idle")]
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
         yield [(pair, pair.wait_results(deadline)) for pair in started]
@@ -114,6 +115,13 @@ def test_killed_follower_kills_the_engine(pairs):
         error = json.load(f)
     assert error["type"] == "EngineDeadError", error
     assert "follower node" in error["message"], error
+
+
+def test_killed_follower_of_an_idle_engine_ends_rank0(pairs):
+    pair, _ = pairs[2]
+    pair.follower.send_signal(signal.SIGKILL)
+    assert pair.rank0.wait(timeout=LOST_WITHIN_S) == 1
+    assert "a follower node closed its connection" in pair.log("rank0.log")
 
 
 def test_killed_rank0_ends_the_follower(pairs):

@@ -1,12 +1,13 @@
 """Rank 0 of a two-node run on localhost, as a process of tests/executor/test_multihost_executor.py.
 
-Usage: ``python -m tests.helpers.multihost_cases MODEL MASTER_PORT DIR [--reference | --bench |
---bench-single TP]``. The
+Usage: ``python -m tests.helpers.multihost_cases MODEL MASTER_PORT DIR [--reference] [--idle]``, or
+``... --bench`` / ``... --bench-single TP`` for the step-time figures. The
 follower is ``python -m jaxlm.serve MODEL --headless --nnodes 2 --node-rank 1 ...`` (started by
 the test). This process serves through AsyncLLMEngine (TP=2 over the two processes' CPU
 devices), writes DIR/results.json (greedy tokens, compile counter, mean step time; with
 --reference also the tokens of a one-device engine in this process), then keeps generating
-until the engine dies, and writes DIR/error.json (the exception open requests got).
+until the engine dies, and writes DIR/error.json (the exception open requests got); with
+--idle it waits without requests instead.
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ async def serve(engine: AsyncLLMEngine, work: str, reference: bool) -> None:
         results["reference"] = [list(o.outputs[0].token_ids) for o in outs]
     with open(os.path.join(work, "results.json"), "w") as f:
         json.dump(results, f)
+    if "--idle" in sys.argv:  # no step runs when the follower is lost: the process must exit
+        await asyncio.sleep(3600)
     try:
         for i in range(10**6):  # until the test kills the follower
             await collect(engine, PROMPTS[i % 4], ENDLESS, f"e{i}")
