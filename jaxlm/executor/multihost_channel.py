@@ -67,6 +67,7 @@ class StepBroadcaster:
         # Why a follower is lost (None while all live): set by the heartbeat thread.
         self.lost: str | None = None
         self._stop = threading.Event()
+        self._closing = threading.Event()
         self._hb_ready = threading.Event()
         self._hb_thread = threading.Thread(target=self._heartbeats, name="jaxlm-multihost-heartbeat", daemon=True)
         self._hb_thread.start()
@@ -110,12 +111,15 @@ class StepBroadcaster:
                     ident, payload = sock.recv_multipart()
                     last_seen[pickle.loads(payload)] = time.monotonic()
                     sock.send_multipart([ident, b""])
+                why = None
                 if _disconnected(monitor):
-                    self.lost = "a follower node closed its connection (killed or crashed)"
+                    why = "a follower node closed its connection (killed or crashed)"
                 now = time.monotonic()
                 for rank, seen in last_seen.items():
                     if now - seen > self.timeout_s:
-                        self.lost = f"follower node {rank} sent no heartbeat for {now - seen:.1f} s (hung?)"
+                        why = f"follower node {rank} sent no heartbeat for {now - seen:.1f} s (hung?)"
+                if why is not None and not self._closing.is_set():  # leaving after the farewell: no loss
+                    self.lost = why
         finally:
             sock.disable_monitor()
             monitor.close(0)
@@ -126,13 +130,14 @@ class StepBroadcaster:
                 self._on_lost(self.lost)
 
     def close(self, farewell: Any = None) -> None:
-        """Stops watching the followers first (their leaving is no loss), then sends them
-        ``farewell`` (if any) and closes."""
-        self._stop.set()
-        self._hb_thread.join(2.0)
+        """Sends the followers ``farewell`` (if any): from now on their leaving is no loss; the
+        heartbeats go on a moment so that they read it before rank 0's sockets close."""
+        self._closing.set()
         if farewell is not None:
             self.send(farewell)
-            time.sleep(0.1)  # let it leave before the socket closes
+            time.sleep(0.1)
+        self._stop.set()
+        self._hb_thread.join(2.0)
         self._steps.close(0)
         self._ctx.term()
 
@@ -197,7 +202,7 @@ class StepReceiver:
             sock.disable_monitor()
             monitor.close(0)
             sock.close(0)
-        if why is not None:
+        if why is not None and not self._stop.is_set():  # not after rank 0's farewell
             self.lost = why
             self._on_lost(why)
 

@@ -170,7 +170,8 @@ def run_follower(parallel: ParallelConfig) -> int:
     channel = StepReceiver(parallel.master_addr, parallel.master_port, parallel.node_rank,
                            parallel.distributed_timeout_seconds, on_lost=_lost_rank0)
     kind, config = channel.recv()
-    assert kind == _CONFIG, kind
+    if kind != _CONFIG:
+        raise RuntimeError(f"expected rank 0's engine config first, got {kind!r}")
     logger.info("multihost follower %d: serving %s for rank 0", parallel.node_rank, config.model_config.model)
     executor = MeshExecutor(config)  # rank 0's config: the same mesh, weights and buckets
     while True:
