@@ -238,7 +238,8 @@ class ParallelConfig:
         if self.headless and self.node_rank == 0:
             raise ValueError("--headless is for the nodes with --node-rank > 0 (rank 0 schedules and serves)")
         if not 0 < self.master_port < 65534:
-            raise ValueError(f"master_port={self.master_port} must be in (0, 65534) (the next two ports are used too)")
+            raise ValueError(
+                f"master_port={self.master_port} must be in (0, 65534) (the next two ports are used too)")
 
     def _from_jax_environment(self) -> None:
         """JAX's usual variables (JAX_NUM_PROCESSES, JAX_PROCESS_ID, JAX_COORDINATOR_ADDRESS=
@@ -248,7 +249,8 @@ class ParallelConfig:
             return
         address = os.environ.get("JAX_COORDINATOR_ADDRESS", "")
         if ":" not in address:
-            raise ValueError(f"JAX_NUM_PROCESSES={num} needs JAX_COORDINATOR_ADDRESS=host:port, got {address!r}")
+            raise ValueError(
+                f"JAX_NUM_PROCESSES={num} needs JAX_COORDINATOR_ADDRESS=host:port, got {address!r}")
         self.master_addr, port = address.rsplit(":", 1)
         self.nnodes, self.master_port = num, int(port)
         self.node_rank = int(os.environ.get("JAX_PROCESS_ID", "0"))

@@ -40,7 +40,8 @@ def init_distributed(parallel: ParallelConfig) -> None:
         coordinator_address=f"{parallel.master_addr}:{parallel.master_port}",
         num_processes=parallel.nnodes, process_id=parallel.node_rank,
         initialization_timeout=max(timeout, 300),  # followers may start minutes after rank 0
-        heartbeat_timeout_seconds=max(_JAX_HEARTBEAT_MIN_S, 2 * timeout), shutdown_timeout_seconds=min(timeout, 10))
+        heartbeat_timeout_seconds=max(_JAX_HEARTBEAT_MIN_S, 2 * timeout),
+        shutdown_timeout_seconds=min(timeout, 10))
     # Starting the backend is collective (every node's CPU client joins the same gloo group):
     # do it now on every node, before rank 0 needs it and a follower waits for rank 0's config.
     logger.info("jax.distributed: %d devices over %d nodes", len(jax.devices()), jax.process_count())
@@ -73,6 +74,7 @@ def place_inputs(tree: Any, sharding: jax.sharding.Sharding | None) -> Any:
 
     def place(x: Any) -> jax.Array:
         x = np.asarray(x)
-        return jax.make_array_from_single_device_arrays(x.shape, sharding, jax.device_put([x] * len(devices), devices))
+        copies = jax.device_put([x] * len(devices), devices)
+        return jax.make_array_from_single_device_arrays(x.shape, sharding, copies)
 
     return jax.tree.map(place, tree)

@@ -69,7 +69,8 @@ class StepBroadcaster:
         self._stop = threading.Event()
         self._closing = threading.Event()
         self._hb_ready = threading.Event()
-        self._hb_thread = threading.Thread(target=self._heartbeats, name="jaxlm-multihost-heartbeat", daemon=True)
+        self._hb_thread = threading.Thread(target=self._heartbeats, name="jaxlm-multihost-heartbeat",
+                                           daemon=True)
         self._hb_thread.start()
         self._hb_ready.wait()
 

@@ -78,7 +78,8 @@ class _StepThread:
             if (why := lost()) is not None:
                 raise NodeLostError(why)
             if time.monotonic() > deadline:
-                raise NodeLostError(f"a step ran past {timeout_s} s: a collective never returned (a node hangs?)")
+                raise NodeLostError(
+                    f"a step ran past {timeout_s} s: a collective never returned (a node hangs?)")
         ok, value = box[0]
         if ok:
             return value
@@ -194,7 +195,8 @@ def run_follower(parallel: ParallelConfig) -> int:
             return 0
 
 
-def _structured_output_manager(config: EngineConfig, eos_token_ids: list[int] | None) -> StructuredOutputManager:
+def _structured_output_manager(config: EngineConfig, eos_token_ids: list[int] | None
+                               ) -> StructuredOutputManager:
     mc = config.model_config
     return StructuredOutputManager(get_tokenizer(mc), int(mc.hf_config.vocab_size), eos_token_ids=eos_token_ids)
 

@@ -3,7 +3,8 @@
 Rank 0 is tests/helpers/multihost_cases.py (AsyncLLMEngine), the follower the real
 ``python -m jaxlm.serve --headless``. Three pairs start at once (module fixture): the first
 checks the tokens against one device and then loses its follower (SIGKILL) while serving; the
-second loses its rank 0; the third loses its follower while idle. Every process is killed at the end, whatever happened.
+second loses its rank 0; the third loses its follower while idle. Every process is killed at
+the end, whatever happened.
 """
 
 from __future__ import annotations

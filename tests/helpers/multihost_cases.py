@@ -68,9 +68,9 @@ async def serve(engine: AsyncLLMEngine, work: str, reference: bool) -> None:
 def step_seconds(llm: LLM, num_steps: int = 40) -> float:
     """Median wall time of a decode step of 4 requests (the figures of the report)."""
     engine = llm.llm_engine
+    params = SamplingParams(max_tokens=num_steps + 8, temperature=0.0, ignore_eos=True)
     for i, prompt in enumerate(PROMPTS):
-        engine.add_request(f"b{i}", {"prompt_token_ids": prompt}, SamplingParams(max_tokens=num_steps + 8,
-                                                                                  temperature=0.0, ignore_eos=True))
+        engine.add_request(f"b{i}", {"prompt_token_ids": prompt}, params)
     times = []
     while engine.has_unfinished_requests():
         start = time.perf_counter()
