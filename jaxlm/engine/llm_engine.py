@@ -17,6 +17,7 @@ from jaxlm.engine.input_processor import (
     InputProcessor, InvalidRequestError, PromptType, ProcessedPrompt, make_internal_request_id)
 from jaxlm.engine.output_processor import OutputProcessor, ParentRequest
 from jaxlm.executor.abstract import Executor
+from jaxlm.executor.distributed import init_distributed
 from jaxlm.config import EngineConfig
 from jaxlm.model_loader import get_tokenizer, resolve_model_config
 from jaxlm.core.outputs import FinishReason
@@ -34,6 +35,7 @@ _STATS_INTERVAL_S = 5.0
 class LLMEngine:
     def __init__(self, config: EngineConfig):
         self.engine_config = config
+        init_distributed(config.parallel_config)  # several nodes: before anything touches a backend
         mc = config.model_config = resolve_model_config(config.model_config, config.load_config)
         config.scheduler_config.max_model_len = mc.max_model_len
         self.model_config = mc

@@ -14,6 +14,7 @@ from jaxlm.core.sched_output import SchedulerOutput
 # interface never imports its implementations, so there is no import cycle.
 _UNIPROC_EXECUTOR = "jaxlm.executor.uniproc_executor:UniProcExecutor"
 _MESH_EXECUTOR = "jaxlm.executor.mesh_executor:MeshExecutor"
+_MULTIHOST_EXECUTOR = "jaxlm.executor.multihost_executor:MultiHostExecutor"
 
 
 class Executor(abc.ABC):
@@ -28,8 +29,21 @@ class Executor(abc.ABC):
             raise NotImplementedError(
                 f"data_parallel_size={parallel.data_parallel_size}: data-parallel replicas are engine-core "
                 "processes (a separate issue); the mesh executor runs tensor and pipeline parallel")
-        several = parallel.tensor_parallel_size * parallel.pipeline_parallel_size > 1
-        qualified = _MESH_EXECUTOR if several else _UNIPROC_EXECUTOR
+        if parallel.nnodes > 1 and parallel.node_rank > 0:
+            raise ValueError(
+                f"node_rank={parallel.node_rank}: only rank 0 runs the engine; start the other nodes "
+                "with `python -m jaxlm.serve --headless --nnodes N --node-rank I ...`")
+        if parallel.nnodes > 1 and parallel.pipeline_parallel_size > 1:
+            # MPMD stages on other hosts would need cross-process device_put of the hidden state.
+            raise NotImplementedError(
+                f"pipeline_parallel_size={parallel.pipeline_parallel_size} with nnodes={parallel.nnodes}: "
+                "pipeline stages across several nodes are not supported yet; use tensor parallel "
+                "across nodes, or pipeline parallel within one node")
+        if parallel.nnodes > 1:
+            qualified = _MULTIHOST_EXECUTOR
+        else:
+            several = parallel.tensor_parallel_size * parallel.pipeline_parallel_size > 1
+            qualified = _MESH_EXECUTOR if several else _UNIPROC_EXECUTOR
         module, name = qualified.split(":")
         return getattr(importlib.import_module(module), name)
 
@@ -48,3 +62,9 @@ class Executor(abc.ABC):
 
     @abc.abstractmethod
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput: ...
+
+    def check_health(self) -> None:
+        """Raises when the executor cannot run another step (a lost node); in-process: never."""
+
+    def shutdown(self) -> None:
+        """Releases what the executor holds beyond its process (the other nodes)."""

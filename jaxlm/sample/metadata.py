@@ -15,6 +15,8 @@ from typing import NamedTuple
 import jax
 import numpy as np
 
+from jaxlm.executor.distributed import place_inputs
+
 
 class SamplerVariant(NamedTuple):
     """Which parts of the sampler a batch needs; static (one compiled program each).
@@ -131,7 +133,7 @@ class HostArrays:
     num_candidates: int
 
     def to_device(self, sharding=None) -> SamplingMetadata:
-        arrays = jax.device_put(self.fields, sharding) if sharding is not None else jax.device_put(self.fields)
+        arrays = place_inputs(self.fields, sharding)
         return SamplingMetadata(**arrays, variant=self.variant, max_logprobs=self.max_logprobs,
                                 num_candidates=self.num_candidates)
 

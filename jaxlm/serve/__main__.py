@@ -16,6 +16,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m jaxlm.serve")
     130 for Ctrl-C while the model loads."""
     args = make_arg_parser(prog).parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.headless:  # a follower node of several: no API, rank 0's steps
+        from jaxlm.executor.multihost_executor import run_headless
+
+        return run_headless(args)
     try:
         # Imported after parsing: --help and flag errors never load jax, fastapi or the engine.
         from jaxlm.serve.api_server import AddressInUseError, run_server

@@ -181,6 +181,7 @@ class StructuredOutputManager:
         if cache_size <= 0:
             raise ValueError(f"cache_size must be positive, got {cache_size}")
         eos = list(eos_token_ids) if eos_token_ids else None
+        self.eos_token_ids = eos  # a follower node builds its twin from them (same masks)
         self.ll_tokenizer = _build_ll_tokenizer(tokenizer, vocab_size, eos)
         self.vocab_size = vocab_size
         self._writer = _MaskWriter(vocab_size, self.ll_tokenizer.vocab_size,

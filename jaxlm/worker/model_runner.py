@@ -49,6 +49,7 @@ from jaxlm.attention.metadata import AttentionMetadata
 from jaxlm.config import EngineConfig
 from jaxlm.core.outputs import LogprobsLists, ModelRunnerOutput
 from jaxlm.core.sched_output import SchedulerOutput
+from jaxlm.executor.distributed import place_inputs
 from jaxlm.sample.builder import SamplingInputBuilder
 from jaxlm.sample.metadata import SERVING_VARIANTS, SamplerVariant
 from jaxlm.sample.sampler import compute_prompt_logprobs, sample
@@ -397,4 +398,4 @@ class ModelRunner:
         if kind == PROMPT_LOGPROBS:
             arrays.append(self.input_batch.next_token_ids(x))
         packed = np.concatenate([a.ravel() for a in arrays])
-        return (jax.device_put(packed, self._replicated) if self._replicated is not None else jax.device_put(packed),)
+        return (place_inputs(packed, self._replicated),)

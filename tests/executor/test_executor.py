@@ -19,6 +19,12 @@ def test_what_the_mesh_executor_does_not_run_is_refused():
     assert "mesh executor" in str(err.value)
 
 
+def test_pipeline_stages_across_nodes_are_refused_by_name():
+    config = EngineArgs(pipeline_parallel_size=2, nnodes=2).create_engine_config()
+    with pytest.raises(NotImplementedError, match="pipeline_parallel_size=2 with nnodes=2"):
+        Executor.get_class(config)
+
+
 @pytest.mark.parametrize("kwargs", [{"tensor_parallel_size": 2}, {"pipeline_parallel_size": 2}])
 def test_tensor_or_pipeline_parallel_gets_the_mesh_executor(kwargs):
     from jaxlm.executor.mesh_executor import MeshExecutor
