@@ -5,6 +5,11 @@ Layout of a checkpoint directory:
   tokenizer files      when a tokenizer is given
   jaxlm_orbax.json     marker: format version, dtype, parameter names
   params/              orbax tree: flat {"dotted.state.path": array}
+
+Parameters whose layout depends on the tensor-parallel size (KV heads repeated when TP exceeds
+them, vocabulary rows padded for an even split) are stored in the checkpoint's own shape (HF
+layout: no repeats, no padding), so a checkpoint restores at any TP size; the rest are stored in
+the Param's layout and restored straight into their shardings.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import os
 from typing import Any
 
 import jax
+import numpy as np
 from flax import nnx
 
 from jaxlm.model_loader.errors import CorruptCheckpointError, MissingWeightsError, NoWeightsError
@@ -22,7 +28,7 @@ from jaxlm.model_loader.formats import ORBAX_MARKER, ORBAX_PARAMS_DIR
 
 logger = logging.getLogger(__name__)
 
-_FORMAT_VERSION = 1
+_FORMAT_VERSION = 2  # 2: TP-dependent Params stored without repeats or padding
 
 
 def _flat_params(model: nnx.Module) -> dict[str, Any]:
@@ -37,7 +43,10 @@ def save_orbax(model: nnx.Module, path: str, hf_config: Any, tokenizer: Any = No
 
     path = os.path.abspath(path)
     os.makedirs(path, exist_ok=True)
-    params = {k: v.get_value() for k, v in _flat_params(model).items()}
+    from jaxlm.models.utils import is_tensor_parallel_layout
+
+    params = {k: _to_stored(v, np.asarray(v.get_value())) if is_tensor_parallel_layout(v) else v.get_value()
+              for k, v in _flat_params(model).items()}
     dtypes = sorted({str(a.dtype) for a in params.values()})
     ckptr = ocp.StandardCheckpointer()
     ckptr.save(os.path.join(path, ORBAX_PARAMS_DIR), params, force=True)
@@ -48,6 +57,26 @@ def save_orbax(model: nnx.Module, path: str, hf_config: Any, tokenizer: Any = No
     with open(os.path.join(path, ORBAX_MARKER), "w") as f:
         json.dump({"format_version": _FORMAT_VERSION, "dtypes": dtypes, "params": sorted(params)}, f, indent=1)
     logger.info("saved %d parameters to %s", len(params), path)
+
+
+def _transposed(var: Any) -> bool:
+    from jaxlm.models.utils import HF_TRANSPOSE
+
+    return var.get_metadata().get("hf_layout") == HF_TRANSPOSE
+
+
+def _to_stored(var: Any, array: np.ndarray) -> np.ndarray:
+    """A TP-dependent Param as stored: the Param's orientation, without repeats or padding."""
+    from jaxlm.models.utils import to_hf_layout
+
+    hf = to_hf_layout(var, array)
+    return np.ascontiguousarray(hf.T) if _transposed(var) else hf
+
+
+def _from_stored(var: Any, array: np.ndarray) -> np.ndarray:
+    from jaxlm.models.utils import to_param_layout
+
+    return to_param_layout(var, array.T if _transposed(var) else array)
 
 
 def _target_sharding(var: Any, mesh: Any) -> Any:
@@ -84,15 +113,30 @@ def restore_orbax(model: nnx.Module, path: str, mesh: Any = None) -> None:
         raise UnexpectedWeightError(path, extra[0])
     # Pipeline parallel: each Param onto its stage's sub-mesh (empty otherwise).
     stage_meshes = model.placement_meshes() if hasattr(model, "placement_meshes") else {}
-    target = {
-        k: jax.ShapeDtypeStruct(v.get_value().shape, v.get_value().dtype,
-                                sharding=_target_sharding(v, stage_meshes.get(id(v), mesh)))
-        for k, v in variables.items()
-    }
+    from jaxlm.models.utils import hf_shape, is_tensor_parallel_layout, place
+
+    # TP-dependent Params come back in the checkpoint's shape on the host, then take this TP's
+    # repeats and padding on their way to the devices (one tensor's extra host copy at a time).
+    host = jax.sharding.SingleDeviceSharding(jax.local_devices(backend="cpu")[0])
+    reshaped = {k for k, v in variables.items() if is_tensor_parallel_layout(v)}
+    target = {}
+    for k, v in variables.items():
+        value = v.get_value()
+        if k in reshaped:
+            shape = hf_shape(v)
+            stored = shape[::-1] if _transposed(v) else shape
+            target[k] = jax.ShapeDtypeStruct(stored, value.dtype, sharding=host)
+        else:
+            target[k] = jax.ShapeDtypeStruct(value.shape, value.dtype,
+                                             sharding=_target_sharding(v, stage_meshes.get(id(v), mesh)))
     try:
         restored = ocp.StandardCheckpointer().restore(os.path.join(path, ORBAX_PARAMS_DIR), target)
     except (ValueError, FileNotFoundError, KeyError) as e:
         raise CorruptCheckpointError(path, f"orbax restore failed ({type(e).__name__}: {e})") from e
     # The flat state holds the model's own Variable objects: setting them fills the model.
     for k, var in variables.items():
-        var.set_value(restored[k])
+        if k in reshaped:
+            stored = np.asarray(restored.pop(k))
+            place(var, _from_stored(var, stored), stored.dtype, stage_meshes.get(id(var), mesh))
+        else:
+            var.set_value(restored[k])

@@ -126,6 +126,29 @@ def to_param_layout(param: nnx.Variable, array: np.ndarray) -> np.ndarray:
     return array
 
 
+def is_tensor_parallel_layout(param: nnx.Variable) -> bool:
+    """Whether this Param holds more than the checkpoint does (KV heads repeated, vocab rows padded)."""
+    md = param.get_metadata()
+    return md.get("kv_repeat") is not None or bool(md.get("hf_pad_rows"))
+
+
+def to_hf_layout(param: nnx.Variable, array: np.ndarray) -> np.ndarray:
+    """The Param's own layout -> HF's (the inverse of to_param_layout): repeats and padding dropped."""
+    md = param.get_metadata()
+    if md.get("hf_layout") == HF_TRANSPOSE:
+        array = array.T
+    pad = md.get("hf_pad_rows")
+    if pad:
+        array = array[: array.shape[0] - pad]
+    repeat = md.get("kv_repeat")
+    if repeat is not None:
+        r, head_dim = repeat
+        heads = array.shape[0] // head_dim
+        array = array.reshape(heads, head_dim, *array.shape[1:])[::r]
+        array = array.reshape(heads // r * head_dim, *array.shape[2:])
+    return np.ascontiguousarray(array)
+
+
 def place(param: nnx.Variable, array: np.ndarray, dtype: jnp.dtype, mesh: Mesh | None) -> None:
     """Convert one host array to ``dtype`` and put it straight onto the Param's sharding."""
     host = np.asarray(array)

@@ -103,3 +103,55 @@ def test_orbax_restores_into_mesh_sharding(tiny_llama_dir, tmp_path):
     out = subprocess.run([sys.executable, "-c", _MESH_SCRIPT, tiny_llama_dir, str(tmp_path / "ckpt")],
                          capture_output=True, text=True, cwd=root, env={**os.environ, "PYTHONPATH": root}, timeout=300)
     assert "MESH_OK" in out.stdout, out.stderr[-3000:]
+
+
+_TP_SCRIPT = r"""
+import os, sys
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+import numpy as np
+from flax import nnx
+from jaxlm.config import LoadConfig, ModelConfig
+from jaxlm.executor.mesh_executor import make_mesh
+from jaxlm.model_loader import get_model, resolve_model_config, save_orbax
+from jaxlm.models.utils import to_hf_layout
+from tests.helpers import tiny_models as tm
+src = tm.make_tiny_model("llama", sys.argv[1] + "/src", vocab_size=322)  # 2 KV heads; 322 rows pad at TP=4
+
+def load(path, tp):
+    return get_model(resolve_model_config(ModelConfig(model=path), LoadConfig()), LoadConfig(),
+                     attn_backend=None, mesh=make_mesh(tp))
+
+def hf_view(model):
+    flat = nnx.to_flat_state(nnx.state(model, nnx.Param))
+    return {".".join(map(str, p)): to_hf_layout(v, np.asarray(v.get_value())) for p, v in flat}
+
+saved_at = {4: sys.argv[1] + "/tp4", 1: sys.argv[1] + "/tp1"}
+for tp, path in saved_at.items():
+    save_orbax(load(src, tp), path, resolve_model_config(ModelConfig(model=src), LoadConfig()).hf_config)
+for tp in (1, 2, 4):
+    want = load(src, tp)
+    for saved_tp, path in saved_at.items():
+        got = load(path, tp)
+        for (k, a), b in zip(hf_view(want).items(), hf_view(got).values()):
+            assert np.array_equal(a, b), (tp, saved_tp, k)
+        k = nnx.to_flat_state(nnx.state(got, nnx.Param))
+        shapes = {".".join(map(str, p)): v.get_value().shape for p, v in k}
+        want_shapes = {".".join(map(str, p)): v.get_value().shape
+                       for p, v in nnx.to_flat_state(nnx.state(want, nnx.Param))}
+        assert shapes == want_shapes, (tp, saved_tp)
+print("TP_OK")
+"""
+
+
+def test_orbax_checkpoint_restores_at_any_tensor_parallel_size(tmp_path):
+    """Saved at TP=4 (KV heads repeated, vocabulary padded) or TP=1, restored at TP=1/2/4: the
+    same weights as loading the safetensors at that TP (8 fake CPU devices, fresh process)."""
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYTHONPATH": root}
+    env.pop("XLA_FLAGS", None)
+    out = subprocess.run([sys.executable, "-c", _TP_SCRIPT, str(tmp_path)],
+                         capture_output=True, text=True, cwd=root, env=env, timeout=300)
+    assert "TP_OK" in out.stdout, out.stderr[-3000:]
