@@ -214,7 +214,10 @@ class ParallelConfig:
 
     tensor_parallel_size: int = arg(1, "devices the weights are split over (mesh axis 'model')", flags=("-tp",))
     pipeline_parallel_size: int = arg(1, "pipeline stages (not supported yet: 1 only)", flags=("-pp",))
-    data_parallel_size: int = arg(1, "replicas of the model (mesh axis 'data')", flags=("-dp",))
+    # vLLM's meaning: engine-core processes, each with its own devices, KV cache and scheduler,
+    # behind one front end (the server only; each core is itself a tp x pp mesh).
+    data_parallel_size: int = arg(1, "engine-core processes (replicas of the model), each on its own devices",
+                                  flags=("-dp",))
 
     def __post_init__(self) -> None:
         for name in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
@@ -223,7 +226,8 @@ class ParallelConfig:
 
     @property
     def world_size(self) -> int:
-        return self.tensor_parallel_size * self.pipeline_parallel_size * self.data_parallel_size
+        """Devices of one engine core (data-parallel replicas each have their own)."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
 
 @dataclasses.dataclass

@@ -28,10 +28,6 @@ class Executor(abc.ABC):
             raise NotImplementedError(
                 f"pipeline_parallel_size={parallel.pipeline_parallel_size}: pipeline parallelism is not "
                 "supported yet; the mesh executor runs tensor parallel only")
-        if parallel.data_parallel_size > 1:
-            raise NotImplementedError(
-                f"data_parallel_size={parallel.data_parallel_size}: data-parallel replicas are engine-core "
-                "processes (a separate issue); the mesh executor runs tensor parallel only")
         qualified = _MESH_EXECUTOR if parallel.tensor_parallel_size > 1 else _UNIPROC_EXECUTOR
         module, name = qualified.split(":")
         return getattr(importlib.import_module(module), name)

@@ -14,7 +14,6 @@ from jaxlm.executor.abstract import Executor
 
 @pytest.mark.parametrize("kwargs,needle", [
     ({"pipeline_parallel_size": 2}, "pipeline_parallel_size=2"),
-    ({"data_parallel_size": 2}, "data_parallel_size=2"),
 ])
 def test_what_the_mesh_executor_does_not_run_is_refused(kwargs, needle):
     config = EngineArgs(**kwargs).create_engine_config()
