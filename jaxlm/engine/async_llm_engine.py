@@ -109,7 +109,14 @@ class AsyncLLMEngine:
 
     @property
     def is_running(self) -> bool:
-        return self._dead is None and self._thread.is_alive() and not self._stop
+        if self._dead is not None or not self._thread.is_alive() or self._stop:
+            return False
+        try:
+            if self.engine is not None:
+                self.engine.check_health()  # a core process that died is seen before the loop sees it
+        except EngineDeadError:
+            return False
+        return True
 
     @property
     def errored(self) -> bool:
@@ -213,7 +220,6 @@ class AsyncLLMEngine:
     async def check_health(self) -> None:
         if not self.is_running:
             raise self.dead_error
-        self.engine.check_health()  # a core process that died is seen before the loop sees it
 
     def shutdown(self, abort_requests: bool = True, timeout: float | None = 30.0) -> None:
         """Stops the loop; in-flight requests are aborted (or finished if abort_requests=False)."""
@@ -244,8 +250,8 @@ class AsyncLLMEngine:
             logger.exception("engine loop died")
             self._dead = e
             self._fail_all(self.dead_error)
+            self._died.set()  # the watchdog starts its exit timer now, not after the cleanup
             self._shutdown_engine(engine)
-            self._died.set()
         else:
             self._fail_all(EngineDeadError("engine is stopped"))
             self._shutdown_engine(engine)
