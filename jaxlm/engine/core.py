@@ -156,13 +156,17 @@ class EngineCoreProc:
 
     @staticmethod
     def run_engine_core(config: EngineConfig, engine_index: int, input_addr: str, output_addr: str,
-                        parent_pid: int, visible_devices: str | None) -> None:
-        """The child process's entry point (multiprocessing 'spawn': jax is not fork-safe)."""
+                        parent_pid: int, env: dict[str, str | None]) -> None:
+        """The child process's entry point (multiprocessing 'spawn': jax is not fork-safe). env:
+        variables to set (None: unset) before jax starts, e.g. this core's share of the devices."""
         _die_with_parent()
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent drains, then sends SHUTDOWN
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        if visible_devices is not None:  # data parallel: this core's share of the accelerators
-            os.environ["CUDA_VISIBLE_DEVICES"] = visible_devices
+        for key, value in env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         logging.basicConfig(level=logging.INFO,
                             format=f"(EngineCore_{engine_index} pid={os.getpid()}) %(levelname)s %(name)s: %(message)s")
         import zmq

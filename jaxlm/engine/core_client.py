@@ -41,15 +41,17 @@ class EngineCoreClient(abc.ABC):
     num_engines: int = 1
 
     @staticmethod
-    def make_client(config: EngineConfig, multiprocess: bool) -> "EngineCoreClient":
+    def make_client(config: EngineConfig, multiprocess: bool,
+                    core_env: dict[str, str | None] | None = None) -> "EngineCoreClient":
+        """core_env: environment changes for the core processes (see prepare_frontend_process)."""
         if not multiprocess:
             if config.parallel_config.data_parallel_size > 1:
                 raise ValueError("data_parallel_size > 1 runs one engine-core process per replica: "
                                  "use the server (python -m jaxlm.serve), not the in-process LLM")
             return InprocClient(config)
         if config.parallel_config.data_parallel_size > 1:
-            return DPLBSyncMPClient(config)
-        return SyncMPClient(config)
+            return DPLBSyncMPClient(config, core_env)
+        return SyncMPClient(config, core_env)
 
     @abc.abstractmethod
     def add_request(self, requests: list[EngineCoreRequest]) -> None:
@@ -77,6 +79,17 @@ class EngineCoreClient(abc.ABC):
         """Cut a get_output wait short (called from other threads)."""
 
     def shutdown(self) -> None: ...
+
+
+def prepare_frontend_process() -> dict[str, str | None]:
+    """Before a front end whose cores run in other processes touches jax: it runs no device work,
+    so it must not preallocate accelerator memory (XLA takes 75% of each GPU at start-up) that its
+    cores need. Returns the environment changes that undo this in the cores."""
+    key = "XLA_PYTHON_CLIENT_PREALLOCATE"
+    if key in os.environ:
+        return {}
+    os.environ[key] = "false"
+    return {key: None}
 
 
 class InprocClient(EngineCoreClient):
@@ -124,7 +137,7 @@ class SyncMPClient(EngineCoreClient):
     """data_parallel_size engine-core processes (one unless DP), started and warmed up before
     the constructor returns; the parent owns their lifecycle (SHUTDOWN, then kill)."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, core_env: dict[str, str | None] | None = None) -> None:
         import zmq
 
         self.num_engines = config.parallel_config.data_parallel_size
@@ -149,10 +162,12 @@ class SyncMPClient(EngineCoreClient):
                 input_socket = self._ctx.socket(zmq.PUSH)
                 input_addr = f"ipc://{self._dir}/in{i}"
                 input_socket.bind(input_addr)
-                visible = (",".join(str(d) for d in range(i * devices_per_core, (i + 1) * devices_per_core))
-                           if self.num_engines > 1 else None)
+                env = dict(core_env or {})
+                if self.num_engines > 1:  # data parallel: this core's share of the accelerators
+                    env["CUDA_VISIBLE_DEVICES"] = ",".join(
+                        str(d) for d in range(i * devices_per_core, (i + 1) * devices_per_core))
                 process = spawn.Process(target=EngineCoreProc.run_engine_core, name=f"EngineCore_{i}",
-                                        args=(config, i, input_addr, output_addr, os.getpid(), visible),
+                                        args=(config, i, input_addr, output_addr, os.getpid(), env),
                                         daemon=True)
                 process.start()
                 self.cores.append(_CoreHandle(i, process, input_socket))

@@ -10,7 +10,7 @@ from typing import Any, Iterable
 from jaxlm.core.scheduler import Scheduler
 from jaxlm.core.stats import merge_scheduler_stats
 from jaxlm.engine.core import EngineCore
-from jaxlm.engine.core_client import EngineCoreClient, InprocClient
+from jaxlm.engine.core_client import EngineCoreClient, InprocClient, prepare_frontend_process
 from jaxlm.engine.messages import EngineCoreRejection, EngineCoreRequest
 from jaxlm.engine.arg_utils import EngineArgs
 from jaxlm.engine.exceptions import QueueFullError
@@ -40,6 +40,7 @@ class LLMEngine:
 
     def __init__(self, config: EngineConfig, *, multiprocess: bool = False):
         self.engine_config = config
+        core_env = prepare_frontend_process() if multiprocess else None
         mc = config.model_config = resolve_model_config(config.model_config, config.load_config)
         config.scheduler_config.max_model_len = mc.max_model_len
         self.model_config = mc
@@ -66,7 +67,7 @@ class LLMEngine:
         self._structured_output_manager: StructuredOutputManager | None = None
         self.output_processor = OutputProcessor(self.tokenizer)
         # Builds (and warms up) the core(s): in this process, or engine-core processes.
-        self.engine_core = EngineCoreClient.make_client(config, multiprocess)
+        self.engine_core = EngineCoreClient.make_client(config, multiprocess, core_env)
         # Internal ids (client id + serial) of unfinished requests.
         self._live_ids: set[str] = set()
         self._serial = itertools.count()
