@@ -48,6 +48,7 @@ class _Stream:
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue  # RequestOutput | BaseException items
     request_id: str  # the client's
+    num_seqs: int = 1  # the request's n
 
 
 @dataclasses.dataclass
@@ -155,7 +156,7 @@ class AsyncLLMEngine:
         Two live requests may share a request_id: each gets its own outputs."""
         if not self.is_running:
             raise self.dead_error if self._dead is not None else EngineDeadError("engine is stopped")
-        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), request_id)
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), request_id, sampling_params.n)
         with self._cv:
             internal_id = make_internal_request_id(request_id, next(self._serial))
             self._streams[internal_id] = stream
@@ -200,16 +201,18 @@ class AsyncLLMEngine:
 
     def check_queue_room(self, num_seqs: int) -> None:
         """QueueFullError, before anything is queued, when num_seqs more sequences (n × prompts
-        of one request) would overflow the waiting queue. From the latest stats snapshot plus
-        the adds not yet taken by the engine thread; LLMEngine checks each add exactly as well."""
+        of one request) would overflow the waiting queues (of all data-parallel cores). Counts the
+        sequences of the open requests (exact here, while the cores' stats lag); each core checks
+        its own adds as well."""
         sched = self.engine_config.scheduler_config
         limit = getattr(sched, "max_num_queued_reqs", None)
         if limit is None:
             return
+        parallel = getattr(self.engine_config, "parallel_config", None)
+        num_engines = getattr(parallel, "data_parallel_size", 1)
         with self._cv:
-            busy = (self._stats.get("num_requests_running", 0) + self._stats.get("num_requests_waiting", 0)
-                    + sum(c.params.n for c in self._commands if isinstance(c, _Add)))
-        if busy + num_seqs - sched.max_num_seqs > limit:
+            busy = sum(s.num_seqs for s in self._streams.values())
+        if busy + num_seqs - sched.max_num_seqs * num_engines > limit * num_engines:
             raise QueueFullError(f"The waiting queue is full ({limit} requests; this request needs "
                                  f"{num_seqs}); try again later")
 

@@ -155,6 +155,8 @@ class LLMEngine:
         arrival_time = arrival_time or time.time()
         processed = self.input_processor.process_prompt(prompt)
         params = self.input_processor.process_params(params, len(processed.prompt_token_ids))
+        if not isinstance(self.engine_core, InprocClient):
+            self._check_queue(params.n)
         children = self._fan_out(internal_id, request_id, params)
         for (child_id, child_params, parent, index) in children:
             self.output_processor.add_request(child_id, request_id, processed.prompt,
@@ -171,6 +173,18 @@ class LLMEngine:
             raise
         self._live_ids.add(internal_id)
         return internal_id
+
+    def _check_queue(self, n: int) -> None:
+        """With core processes, the front end's exact view: every open sequence either runs or
+        waits in some core (their stats lag). In-process, EngineCore checks each add itself."""
+        sched = self.engine_config.scheduler_config
+        if sched.max_num_queued_reqs is None:
+            return
+        num_engines = self.engine_core.num_engines
+        live = len(self.output_processor.request_states)
+        if live + n - sched.max_num_seqs * num_engines > sched.max_num_queued_reqs * num_engines:
+            raise QueueFullError(
+                f"The waiting queue is full ({sched.max_num_queued_reqs} requests); try again later")
 
     @staticmethod
     def _fan_out(internal_id: str, request_id: str, params: SamplingParams):
