@@ -271,6 +271,8 @@ class SyncMPClient(EngineCoreClient):
         return [core.stats for core in self.cores]
 
     def wakeup(self) -> None:
+        if self._ctx.closed:
+            return  # the pipe is closed (its fd number may belong to another file by now)
         try:
             os.write(self._wake_w, b"x")
         except (BlockingIOError, OSError):
