@@ -216,7 +216,10 @@ class ParallelConfig:
     pipeline_parallel_size: int = arg(
         1, "pipeline stages: contiguous layer ranges, each on its own tensor-parallel sub-mesh (mesh axis "
            "'stage'); a step's requests run as micro-batches so the stages overlap", flags=("-pp",))
-    data_parallel_size: int = arg(1, "replicas of the model (mesh axis 'data')", flags=("-dp",))
+    # vLLM's meaning: engine-core processes, each with its own devices, KV cache and scheduler,
+    # behind one front end (the server only; each core is itself a tp x pp mesh).
+    data_parallel_size: int = arg(1, "engine-core processes (replicas of the model), each on its own devices",
+                                  flags=("-dp",))
     # Several hosts (vLLM's multi-node flags): one process per node, one global mesh over all
     # their devices; the flags default to JAX's JAX_NUM_PROCESSES / JAX_PROCESS_ID /
     # JAX_COORDINATOR_ADDRESS when those are set (jaxlm.executor.distributed).
@@ -259,7 +262,8 @@ class ParallelConfig:
 
     @property
     def world_size(self) -> int:
-        return self.tensor_parallel_size * self.pipeline_parallel_size * self.data_parallel_size
+        """Devices of one engine core (data-parallel replicas each have their own)."""
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
 
 @dataclasses.dataclass

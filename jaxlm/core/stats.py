@@ -36,3 +36,18 @@ class SchedulerStats:
     @property
     def prefix_cache_hit_rate(self) -> float:
         return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
+
+
+def merge_scheduler_stats(stats: list[SchedulerStats]) -> SchedulerStats:
+    """The totals over data-parallel engine cores (KV usage: the mean over the cores; each
+    core has a cache of the same size)."""
+    if not stats:
+        return SchedulerStats()
+    return SchedulerStats(
+        num_running_reqs=sum(s.num_running_reqs for s in stats),
+        num_waiting_reqs=sum(s.num_waiting_reqs for s in stats),
+        kv_cache_usage=sum(s.kv_cache_usage for s in stats) / len(stats),
+        prefix_cache_queries=sum(s.prefix_cache_queries for s in stats),
+        prefix_cache_hits=sum(s.prefix_cache_hits for s in stats),
+        num_preemptions=sum(s.num_preemptions for s in stats),
+    )

@@ -1,9 +1,12 @@
 """AsyncLLMEngine: the asyncio face of LLMEngine for the server.
 
-One dedicated thread owns the LLMEngine (which is single-threaded): it drains a queue of add/abort
-commands, calls step() while there is work and sleeps on a condition when idle. The event loop
-never waits on the device; outputs come back through one asyncio.Queue per request, handed over
-with loop.call_soon_threadsafe (one wake-up per loop per step, not one per token).
+One dedicated thread owns the LLMEngine front end (which is single-threaded): it drains a queue of
+add/abort commands, takes the engine cores' output batches while there is work (step_routed) and
+sleeps on a condition when idle. The engine core runs in its own process(es) (EngineCoreProc), so
+the scheduler and the device never share this process's GIL; tokenization, detokenization and
+the output processor stay here. The event loop never waits on the engine; outputs come back through
+one asyncio.Queue per request, handed over with loop.call_soon_threadsafe (one wake-up per loop per
+batch, not one per token).
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ logger = logging.getLogger(__name__)
 
 # Publish engine stats at most this often while busy (always when going idle).
 _STATS_INTERVAL_S = 0.05
+# Longest wait for the cores' outputs before the commands are looked at again (a new command
+# wakes the wait at once); while idle, the cores' health is checked this often.
+_POLL_S = 1.0
 _ERROR = str(FinishReason.ERROR)
 
 
@@ -42,6 +48,7 @@ class _Stream:
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue  # RequestOutput | BaseException items
     request_id: str  # the client's
+    num_seqs: int = 1  # the request's n
 
 
 @dataclasses.dataclass
@@ -93,7 +100,8 @@ class AsyncLLMEngine:
     def from_engine_args(cls, engine_args: "EngineArgs") -> "AsyncLLMEngine":
         from jaxlm.engine.llm_engine import LLMEngine
 
-        return cls(lambda: LLMEngine.from_engine_args(engine_args))
+        # The engine core in its own process(es): data_parallel_size of them.
+        return cls(lambda: LLMEngine.from_engine_args(engine_args, multiprocess=True))
 
     # ---------------------------------------------------------------- properties
     @property
@@ -102,7 +110,14 @@ class AsyncLLMEngine:
 
     @property
     def is_running(self) -> bool:
-        return self._dead is None and self._thread.is_alive() and not self._stop
+        if self._dead is not None or not self._thread.is_alive() or self._stop:
+            return False
+        try:
+            if self.engine is not None:
+                self.engine.check_health()  # a core process that died is seen before the loop sees it
+        except EngineDeadError:
+            return False
+        return True
 
     @property
     def errored(self) -> bool:
@@ -141,13 +156,14 @@ class AsyncLLMEngine:
         Two live requests may share a request_id: each gets its own outputs."""
         if not self.is_running:
             raise self.dead_error if self._dead is not None else EngineDeadError("engine is stopped")
-        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), request_id)
+        stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), request_id, sampling_params.n)
         with self._cv:
             internal_id = make_internal_request_id(request_id, next(self._serial))
             self._streams[internal_id] = stream
             self._commands.append(_Add(request_id, internal_id, prompt, sampling_params,
                                        arrival_time or time.time()))
             self._cv.notify()
+        self._wakeup()
         finished = False
         try:
             while True:
@@ -176,19 +192,27 @@ class AsyncLLMEngine:
                 self._streams.pop(iid, None)
             self._commands.append(_Abort(internal_ids))
             self._cv.notify()
+        self._wakeup()
+
+    def _wakeup(self) -> None:
+        """The engine thread may be waiting on the cores' outputs: a command is waiting."""
+        if self.engine is not None:
+            self.engine.wakeup()
 
     def check_queue_room(self, num_seqs: int) -> None:
         """QueueFullError, before anything is queued, when num_seqs more sequences (n × prompts
-        of one request) would overflow the waiting queue. From the latest stats snapshot plus
-        the adds not yet taken by the engine thread; LLMEngine checks each add exactly as well."""
+        of one request) would overflow the waiting queues (of all data-parallel cores). Counts the
+        sequences of the open requests (exact here, while the cores' stats lag); each core checks
+        its own adds as well."""
         sched = self.engine_config.scheduler_config
         limit = getattr(sched, "max_num_queued_reqs", None)
         if limit is None:
             return
+        parallel = getattr(self.engine_config, "parallel_config", None)
+        num_engines = getattr(parallel, "data_parallel_size", 1)
         with self._cv:
-            busy = (self._stats.get("num_requests_running", 0) + self._stats.get("num_requests_waiting", 0)
-                    + sum(c.params.n for c in self._commands if isinstance(c, _Add)))
-        if busy + num_seqs - sched.max_num_seqs > limit:
+            busy = sum(s.num_seqs for s in self._streams.values())
+        if busy + num_seqs - sched.max_num_seqs * num_engines > limit * num_engines:
             raise QueueFullError(f"The waiting queue is full ({limit} requests; this request needs "
                                  f"{num_seqs}); try again later")
 
@@ -206,6 +230,7 @@ class AsyncLLMEngine:
             self._stop = True
             self._abort_on_stop = abort_requests
             self._cv.notify()
+        self._wakeup()
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)
 
@@ -228,9 +253,18 @@ class AsyncLLMEngine:
             logger.exception("engine loop died")
             self._dead = e
             self._fail_all(self.dead_error)
-            self._died.set()
+            self._died.set()  # the watchdog starts its exit timer now, not after the cleanup
+            self._shutdown_engine(engine)
         else:
             self._fail_all(EngineDeadError("engine is stopped"))
+            self._shutdown_engine(engine)
+
+    @staticmethod
+    def _shutdown_engine(engine: "LLMEngine") -> None:
+        try:
+            engine.shutdown()  # the engine-core processes: SHUTDOWN, then killed if they linger
+        except Exception:  # noqa: BLE001
+            logger.exception("stopping the engine cores failed")
 
     def _loop(self, engine: "LLMEngine") -> None:
         last_stats = 0.0
@@ -238,7 +272,8 @@ class AsyncLLMEngine:
             with self._cv:
                 while not self._commands and not self._stop and not engine.has_unfinished_requests():
                     self._publish_stats_locked(engine)  # idle: the gauges must read zero now
-                    self._cv.wait()
+                    if not self._cv.wait(_POLL_S):
+                        engine.check_health()  # a core that dies while idle kills the engine too
                 commands, self._commands = self._commands, []
                 stop, abort_on_stop = self._stop, self._abort_on_stop
             for cmd in commands:
@@ -253,7 +288,7 @@ class AsyncLLMEngine:
                     engine.abort_request(pending, internal=True)
                 return
             if engine.has_unfinished_requests():
-                outputs = engine.step_routed()
+                outputs = engine.step_routed(timeout=_POLL_S)
                 if outputs:
                     self._dispatch(engine, outputs)
                 now = time.monotonic()
@@ -283,7 +318,8 @@ class AsyncLLMEngine:
                 item: RequestOutput | BaseException = out
                 if any(o.finish_reason == _ERROR for o in out.outputs):  # failed alone: its caller gets the error
                     why = engine.pop_request_error(internal_id) or "unknown error"
-                    item = EngineGenerateError(f"request {out.request_id!r} failed in the engine: {why}")
+                    item = why if isinstance(why, Exception) else EngineGenerateError(
+                        f"request {out.request_id!r} failed in the engine: {why}")
                     out.finished = True
                     failed.append(internal_id)
                 stream = self._streams.get(internal_id)

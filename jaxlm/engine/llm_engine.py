@@ -7,8 +7,11 @@ import logging
 import time
 from typing import Any, Iterable
 
-from jaxlm.core.request import Request, RequestStatus
 from jaxlm.core.scheduler import Scheduler
+from jaxlm.core.stats import merge_scheduler_stats
+from jaxlm.engine.core import EngineCore
+from jaxlm.engine.core_client import EngineCoreClient, InprocClient, prepare_frontend_process
+from jaxlm.engine.messages import EngineCoreRejection, EngineCoreRequest
 from jaxlm.engine.arg_utils import EngineArgs
 from jaxlm.engine.exceptions import QueueFullError
 from jaxlm.engine.generation_config import (
@@ -33,26 +36,25 @@ _STATS_INTERVAL_S = 5.0
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig):
+    """The front end: input processing, output processing (detokenization) and an engine-core
+    client; the scheduler and the executor live in the core (this process or a child)."""
+
+    def __init__(self, config: EngineConfig, *, multiprocess: bool = False):
         self.engine_config = config
         init_distributed(config.parallel_config)  # several nodes: before anything touches a backend
+        if config.parallel_config.nnodes > 1:
+            if config.parallel_config.data_parallel_size > 1:
+                raise ValueError(f"data_parallel_size={config.parallel_config.data_parallel_size} with "
+                                 f"nnodes={config.parallel_config.nnodes}: data-parallel cores on several "
+                                 "nodes are not supported yet")
+            # Rank 0 of the global mesh is this process: its core runs here, not in a child.
+            multiprocess = False
+        core_env = prepare_frontend_process() if multiprocess else None
         mc = config.model_config = resolve_model_config(config.model_config, config.load_config)
         config.scheduler_config.max_model_len = mc.max_model_len
         self.model_config = mc
         self.tokenizer = get_tokenizer(mc)
         resolve_auto_buckets(config, self.tokenizer)  # --token-buckets auto: before any compile
-        self.executor = Executor.get_class(config)(config)
-        num_blocks = self.executor.determine_num_available_blocks()
-        capacity = num_blocks * config.cache_config.block_size
-        if capacity < mc.max_model_len:
-            raise ValueError(
-                f"The model's max seq len ({mc.max_model_len}) is larger than the maximum number of tokens "
-                f"that can be stored in KV cache ({capacity}). Increase the KV cache memory "
-                "(--kv-cache-memory-bytes, --num-gpu-blocks-override) or decrease --max-model-len.")
-        config.cache_config.num_gpu_blocks = num_blocks
-        self.executor.initialize_cache(num_blocks)
-        self.scheduler = Scheduler(config.scheduler_config, config.cache_config)
-
         vocab = int(mc.hf_config.vocab_size)
         self.eos_token_id = self.tokenizer.eos_token_id
         generation_config = try_get_generation_config(mc)
@@ -73,20 +75,48 @@ class LLMEngine:
             self.get_structured_output_manager)
         self._structured_output_manager: StructuredOutputManager | None = None
         self.output_processor = OutputProcessor(self.tokenizer)
-        # first child id -> siblings not yet handed to the scheduler (n > 1)
-        self._deferred: dict[str, list[Request]] = {}
+        # Builds (and warms up) the core(s): in this process, or engine-core processes.
+        self.engine_core = EngineCoreClient.make_client(config, multiprocess, core_env)
         # Internal ids (client id + serial) of unfinished requests.
         self._live_ids: set[str] = set()
         self._serial = itertools.count()
-        # Routing (internal) id -> why it failed, for requests finished with FinishReason.ERROR.
-        self._request_errors: dict[str, str] = {}
+        # Routing (internal) id -> why it failed: a message for requests finished with
+        # FinishReason.ERROR, the exception for adds a core refused.
+        self._request_errors: dict[str, str | Exception] = {}
         self.generation_tokens_total = 0
         self._last_log = time.monotonic()
         self._last_log_tokens = (0, 0)
 
     @classmethod
-    def from_engine_args(cls, engine_args: EngineArgs) -> "LLMEngine":
-        return cls(engine_args.create_engine_config())
+    def from_engine_args(cls, engine_args: EngineArgs, *, multiprocess: bool = False) -> "LLMEngine":
+        return cls(engine_args.create_engine_config(), multiprocess=multiprocess)
+
+    def _inproc_core(self) -> EngineCore:
+        if not isinstance(self.engine_core, InprocClient):
+            raise RuntimeError("the engine core runs in another process: its scheduler and runner "
+                               "are not reachable from here")
+        return self.engine_core.engine_core
+
+    @property
+    def scheduler(self) -> Scheduler:
+        """The in-process core's scheduler (tests and benches)."""
+        return self._inproc_core().scheduler
+
+    @property
+    def executor(self) -> Executor:
+        return self._inproc_core().executor
+
+    def shutdown(self) -> None:
+        """Stops the engine-core processes, if any."""
+        self.engine_core.shutdown()
+
+    def wakeup(self) -> None:
+        """Ends a step_routed wait early (from another thread): a new command is waiting."""
+        self.engine_core.wakeup()
+
+    def check_health(self) -> None:
+        """EngineDeadError when an engine core is gone (safe from any thread)."""
+        self.engine_core.check_health()
 
     def get_tokenizer(self) -> Any:
         return self.tokenizer
@@ -102,7 +132,8 @@ class LLMEngine:
             ip = self.input_processor
             eos = sorted({ip.eos_token_id, *ip.generation_eos_ids} - {None})
             mgr = StructuredOutputManager(self.tokenizer, ip.vocab_size, eos_token_ids=eos)
-            self.get_model_runner().grammars.manager = mgr
+            if isinstance(self.engine_core, InprocClient):  # one manager for admission and the runner
+                self.get_model_runner().grammars.manager = mgr
             self._structured_output_manager = mgr
         return self._structured_output_manager
 
@@ -133,35 +164,34 @@ class LLMEngine:
         arrival_time = arrival_time or time.time()
         processed = self.input_processor.process_prompt(prompt)
         params = self.input_processor.process_params(params, len(processed.prompt_token_ids))
-        self._check_queue(params.n)
+        if not isinstance(self.engine_core, InprocClient):
+            self._check_queue(params.n)
         children = self._fan_out(internal_id, request_id, params)
-        core_requests = []
-        for child_id, child_params, parent, index in children:
-            core_requests.append(Request(
-                request_id=child_id, prompt_token_ids=processed.prompt_token_ids,
-                sampling_params=child_params, eos_token_id=self.eos_token_id, arrival_time=arrival_time))
-        # n > 1: siblings wait until the first child's prompt is in the cache, then reuse its
-        # blocks through the prefix cache instead of each prefilling its own copy.
-        self.scheduler.add_request(core_requests[0])
-        if len(core_requests) > 1:
-            self._deferred[core_requests[0].request_id] = core_requests[1:]
         for (child_id, child_params, parent, index) in children:
             self.output_processor.add_request(child_id, request_id, processed.prompt,
                                               processed.prompt_token_ids, child_params, arrival_time,
                                               parent, index)
+        # In-process, a refusal (QueueFullError, ValueError) raises here; a core process refuses
+        # later (step_routed reports it), so the request's state exists before it is sent.
+        try:
+            self.engine_core.add_request([
+                EngineCoreRequest(child_id, processed.prompt_token_ids, child_params, self.eos_token_id, arrival_time)
+                for child_id, child_params, _, _ in children])
+        except Exception:
+            self.output_processor.abort_requests([internal_id])
+            raise
         self._live_ids.add(internal_id)
         return internal_id
 
     def _check_queue(self, n: int) -> None:
-        """Refuse past max_num_queued_reqs. Only sequences that would have to wait count (none
-        while running slots are free), and a request's n counts as n requests."""
+        """With core processes, the front end's exact view: every open sequence either runs or
+        waits in some core (their stats lag). In-process, EngineCore checks each add itself."""
         sched = self.engine_config.scheduler_config
         if sched.max_num_queued_reqs is None:
             return
-        stats = self.scheduler.make_stats()
-        unscheduled = stats.num_waiting_reqs + sum(len(s) for s in self._deferred.values())
-        would_wait = stats.num_running_reqs + unscheduled + n - sched.max_num_seqs
-        if would_wait > sched.max_num_queued_reqs:
+        num_engines = self.engine_core.num_engines
+        live = len(self.output_processor.request_states)
+        if live + n - sched.max_num_seqs * num_engines > sched.max_num_queued_reqs * num_engines:
             raise QueueFullError(
                 f"The waiting queue is full ({sched.max_num_queued_reqs} requests); try again later")
 
@@ -187,46 +217,52 @@ class LLMEngine:
             ids = self.output_processor.internal_ids_of(ids)
         self._live_ids.difference_update(ids)
         core_ids = self.output_processor.abort_requests(ids)
-        for req_id in core_ids:
-            self._deferred.pop(req_id, None)
-        self.scheduler.finish_requests(core_ids, RequestStatus.FINISHED_ABORTED)
+        if core_ids:
+            self.engine_core.abort_requests(core_ids)
 
     def has_unfinished_requests(self) -> bool:
-        return (self.scheduler.has_unfinished_requests() or self.output_processor.has_unfinished_requests()
-                or bool(self._deferred))
+        return self.engine_core.has_unfinished_requests() or self.output_processor.has_unfinished_requests()
 
     def get_num_unfinished_requests(self) -> int:
-        return self.scheduler.get_num_unfinished_requests()
+        return sum(s.num_running_reqs + s.num_waiting_reqs for s in self.engine_core.get_scheduler_stats())
 
     # ---- the loop ------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
         return [out for _, out in self.step_routed()]
 
-    def step_routed(self) -> list[tuple[str, RequestOutput]]:
-        """One engine step: (internal id, output) pairs, the internal id being what add_request
-        returned: AsyncLLMEngine routes by it, never by the client's id."""
-        scheduler_output = self.scheduler.schedule()
-        runner_output = self.executor.execute_model(scheduler_output)
-        for core_id, why in runner_output.failed_req_ids.items():
-            self._note_error(core_id, why)
-        core_outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
-        if self._deferred:
-            self._release_siblings(core_outputs)
-        self.generation_tokens_total += sum(len(o.new_token_ids) for o in core_outputs)
-        routed, to_abort = self._process_outputs(core_outputs)
+    def step_routed(self, timeout: float | None = None) -> list[tuple[str, RequestOutput]]:
+        """One engine step (in-process), or the batches the core processes sent within timeout
+        seconds: (internal id, output) pairs, the internal id being what add_request returned:
+        AsyncLLMEngine routes by it, never by the client's id."""
+        routed: list[tuple[str, RequestOutput]] = []
+        for batch in self.engine_core.get_output(timeout):
+            for core_id, why in batch.failed.items():
+                self._note_error(core_id, why)
+            for rejection in batch.rejected:
+                routed.extend(self._reject(rejection))
+            self.generation_tokens_total += sum(len(o.new_token_ids) for o in batch.outputs)
+            batch_routed, to_abort = self._process_outputs(batch.outputs)
+            if to_abort:  # stop strings end requests the core still thinks are running
+                self.engine_core.abort_requests(to_abort)
+            routed.extend(batch_routed)
         for internal_id, out in routed:
             if out.finished:
                 self._live_ids.discard(internal_id)
-        if to_abort:  # stop strings end requests the core still thinks are running
-            self.scheduler.finish_requests(to_abort, RequestStatus.FINISHED_STOPPED)
         self._maybe_log_stats()
         return routed
 
+    def _reject(self, rejection: EngineCoreRejection) -> list[tuple[str, RequestOutput]]:
+        """An add a core process refused: its caller gets QueueFullError or ValueError."""
+        error: Exception = (QueueFullError(rejection.message) if rejection.queue_full
+                            else InvalidRequestError("prompt", rejection.message))
+        return self._fail_request(rejection.request_id, error)
+
     # ---- fault containment ------------------------------------------------------------------
 
-    def pop_request_error(self, internal_id: str) -> str | None:
-        """Why a request that finished with finish_reason "error" failed (once; None if it did not)."""
+    def pop_request_error(self, internal_id: str) -> str | Exception | None:
+        """Why a request that finished with finish_reason "error" failed (once; None if it did
+        not): a message, or the exception its caller gets (a core process refused the add)."""
         return self._request_errors.pop(internal_id, None)
 
     def _process_outputs(self, core_outputs: list) -> tuple[list[tuple[str, RequestOutput]], list[str]]:
@@ -253,7 +289,7 @@ class LLMEngine:
     def _note_error(self, core_id: str, why: str) -> None:
         self._request_errors.setdefault(self._routing_id(core_id), why)
 
-    def _fail_request(self, core_id: str, why: str) -> list[tuple[str, RequestOutput]]:
+    def _fail_request(self, core_id: str, why: str | Exception) -> list[tuple[str, RequestOutput]]:
         """Ends a request (all of its n children) with FinishReason.ERROR: its KV blocks are
         freed and its caller gets one final output without text."""
         state = self.output_processor.request_states.get(core_id)
@@ -262,9 +298,7 @@ class LLMEngine:
         routing_id = self._routing_id(core_id)
         self._request_errors.setdefault(routing_id, why)
         core_ids = self.output_processor.abort_requests([routing_id])
-        for cid in core_ids:
-            self._deferred.pop(cid, None)
-        self.scheduler.finish_requests(core_ids, RequestStatus.FINISHED_ERROR)
+        self.engine_core.abort_requests(core_ids)
         self._live_ids.discard(routing_id)
         failed = CompletionOutput(index=state.index, text="", token_ids=[], cumulative_logprob=None,
                                   logprobs=None, finish_reason=str(FinishReason.ERROR))
@@ -273,15 +307,11 @@ class LLMEngine:
             request_id=external, prompt=state.prompt, prompt_token_ids=state.prompt_token_ids,
             prompt_logprobs=None, outputs=[failed], finished=True, metrics=state.metrics))]
 
-    def _release_siblings(self, core_outputs) -> None:
-        for out in core_outputs:
-            if (out.new_token_ids or out.finished) and out.req_id in self._deferred:
-                for sibling in self._deferred.pop(out.req_id):
-                    if sibling.request_id in self.output_processor.request_states:
-                        self.scheduler.add_request(sibling)
-
     def get_stats(self) -> dict[str, Any]:
-        s = self.scheduler.make_stats()
+        """The totals over the engine cores (vLLM's metric names as keys), and each core's
+        SchedulerStats under "engines" (the /metrics per-engine series)."""
+        engines = self.engine_core.get_scheduler_stats()
+        s = merge_scheduler_stats(engines)
         return {
             "num_requests_running": s.num_running_reqs,
             "num_requests_waiting": s.num_waiting_reqs,
@@ -293,6 +323,7 @@ class LLMEngine:
             "generation_tokens_total": self.generation_tokens_total,
             # A copy: the frontend reads it on another thread (vllm:iteration_tokens_total).
             "iteration_tokens": self.output_processor.iteration_tokens.snapshot(),
+            "engines": list(engines),
         }
 
     def _maybe_log_stats(self) -> None:

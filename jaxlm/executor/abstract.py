@@ -25,10 +25,6 @@ class Executor(abc.ABC):
     @staticmethod
     def get_class(config: EngineConfig) -> type["Executor"]:
         parallel = config.parallel_config
-        if parallel.data_parallel_size > 1:
-            raise NotImplementedError(
-                f"data_parallel_size={parallel.data_parallel_size}: data-parallel replicas are engine-core "
-                "processes (a separate issue); the mesh executor runs tensor and pipeline parallel")
         if parallel.nnodes > 1 and parallel.node_rank > 0:
             raise ValueError(
                 f"node_rank={parallel.node_rank}: only rank 0 runs the engine; start the other nodes "

@@ -65,12 +65,22 @@ _ENGINE_COUNTERS = [
     ("vllm:num_preemptions", "Cumulative number of preemptions from the engine.", "num_preemptions_total"),
 ]
 FINISHED_REASONS = ("stop", "length", "abort")
+# Engine stats key -> the SchedulerStats field each engine core reports it in.
+_PER_ENGINE_FIELDS = {
+    "num_requests_running": "num_running_reqs",
+    "num_requests_waiting": "num_waiting_reqs",
+    "kv_cache_usage_perc": "kv_cache_usage",
+    "prefix_cache_queries": "prefix_cache_queries",
+    "prefix_cache_hits": "prefix_cache_hits",
+    "num_preemptions_total": "num_preemptions",
+}
 
 
 class EngineStatsCollector:
     """Engine-level metrics from the stats snapshot, read at scrape time (the engine counts;
     the server only exposes): gauges, counters, vllm:iteration_tokens_total and
-    vllm:cache_config_info."""
+    vllm:cache_config_info. The scheduler's series come as the total (model_name only) and one
+    per engine core (vLLM's `engine` label, "0" .. data_parallel_size - 1)."""
 
     def __init__(self, model_name: str, get_stats: Callable[[], dict[str, Any]],
                  cache_config_info: dict[str, str]) -> None:
@@ -81,14 +91,17 @@ class EngineStatsCollector:
     def collect(self) -> Iterable[Metric]:
         stats = self.get_stats()
         names, values = list(self.labels), list(self.labels.values())
-        for name, help_text, key in _ENGINE_GAUGES:
-            family = GaugeMetricFamily(name, help_text, labels=names)
-            family.add_metric(values, float(stats.get(key, 0) or 0))
-            yield family
-        for name, help_text, key in _ENGINE_COUNTERS:
-            family = CounterMetricFamily(name, help_text, labels=names)
-            family.add_metric(values, float(stats.get(key, 0) or 0))
-            yield family
+        engines = stats.get("engines") or []
+        for family_cls, specs in ((GaugeMetricFamily, _ENGINE_GAUGES), (CounterMetricFamily, _ENGINE_COUNTERS)):
+            for name, help_text, key in specs:
+                family = family_cls(name, help_text, labels=names)
+                family.add_metric(values, float(stats.get(key, 0) or 0))
+                field = _PER_ENGINE_FIELDS.get(key)
+                for index, engine in enumerate(engines if field else ()):
+                    sample = family.samples[-1]  # the total's sample name (counters add "_total")
+                    family.samples.append(sample._replace(
+                        labels={**self.labels, "engine": str(index)}, value=float(getattr(engine, field))))
+                yield family
         yield self._iteration_tokens(stats.get("iteration_tokens"), names, values)
         info = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
                                  labels=list(self.cache_config_info))

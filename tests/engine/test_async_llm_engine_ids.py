@@ -26,11 +26,11 @@ class GatedEngine(FakeLLMEngine):
         self.entered = threading.Semaphore(0)
         self.permit = threading.Semaphore(0)
 
-    def step_routed(self):
+    def step_routed(self, timeout=None):
         if self.gated:
             self.entered.release()
             self.permit.acquire()
-        return super().step_routed()
+        return super().step_routed(timeout)
 
 
 @pytest.fixture

@@ -153,7 +153,8 @@ def test_a_failed_child_stops_its_siblings(engine, monkeypatch):
 
 
 def test_model_step_fault_kills_the_engine_and_fails_every_open_request(model_path):
-    async_engine = AsyncLLMEngine.from_engine_args(_args(model_path))
+    # The core in this process, to break its runner (tests/engine/test_core_proc.py kills a core process).
+    async_engine = AsyncLLMEngine(lambda: LLMEngine.from_engine_args(_args(model_path)))
     runner = async_engine.engine.get_model_runner()
 
     def broken_body(*args, **kwargs):

@@ -9,13 +9,13 @@ import pytest
 
 from jaxlm.config import SchedulerConfig
 from jaxlm.engine.exceptions import QueueFullError
-from jaxlm.engine.llm_engine import LLMEngine
+from jaxlm.engine.core import EngineCore
 from tests.core.core_sim import make_request, make_scheduler
 
 
-def _engine(max_num_seqs: int, max_num_queued_reqs: int | None) -> LLMEngine:
+def _engine(max_num_seqs: int, max_num_queued_reqs: int | None) -> EngineCore:
     # Only the admission bookkeeping: a real Scheduler, no model.
-    engine = object.__new__(LLMEngine)
+    engine = object.__new__(EngineCore)
     engine.engine_config = types.SimpleNamespace(scheduler_config=SchedulerConfig(
         max_num_seqs=max_num_seqs, max_num_queued_reqs=max_num_queued_reqs))
     engine.scheduler = make_scheduler(64, max_num_seqs=max_num_seqs)

@@ -12,13 +12,6 @@ from jaxlm.engine.arg_utils import EngineArgs
 from jaxlm.executor.abstract import Executor
 
 
-def test_what_the_mesh_executor_does_not_run_is_refused():
-    config = EngineArgs(data_parallel_size=2).create_engine_config()
-    with pytest.raises(NotImplementedError, match="data_parallel_size=2") as err:
-        Executor.get_class(config)
-    assert "mesh executor" in str(err.value)
-
-
 def test_pipeline_stages_across_nodes_are_refused_by_name():
     config = EngineArgs(pipeline_parallel_size=2, nnodes=2).create_engine_config()
     with pytest.raises(NotImplementedError, match="pipeline_parallel_size=2 with nnodes=2"):

@@ -79,6 +79,15 @@ class FakeLLMEngine:
             self.tokenizer, max_model_len, len(self.tokenizer), self.tokenizer.eos_token_id, set(),
             check_params=lambda params: None)
 
+    def wakeup(self) -> None:
+        """Nothing to wake: step_routed never waits."""
+
+    def check_health(self) -> None:
+        """No core process to lose."""
+
+    def shutdown(self) -> None:
+        """No core process to stop."""
+
     def get_input_processor(self) -> InputProcessor:
         return self.input_processor
 
@@ -132,7 +141,7 @@ class FakeLLMEngine:
     def step(self) -> list[RequestOutput]:
         return [out for _, out in self.step_routed()]
 
-    def step_routed(self) -> list[tuple[str, RequestOutput]]:
+    def step_routed(self, timeout: float | None = None) -> list[tuple[str, RequestOutput]]:
         if self.fail_on_step is not None:
             raise self.fail_on_step
         time.sleep(self.step_delay)

@@ -201,14 +201,16 @@ def test_64_concurrent_streams_and_16_disconnects(server):
     values = server.metrics()
     assert metric(values, "vllm:kv_cache_usage_perc") == 0.0
     assert metric(values, "vllm:num_requests_waiting") == 0.0
-    assert metric(values, "vllm:request_success_total", finished_reason="abort") >= 16
+    # A client that leaves once its request has finished (the core runs ahead of the HTTP
+    # loop in its own process) aborts nothing: most of the 16 do.
+    assert 8 <= metric(values, "vllm:request_success_total", finished_reason="abort") <= 16
     assert metric(values, "vllm:generation_tokens_total") > 0
     assert server.engine.get_num_unfinished_requests() == 0
 
 
 def test_queue_full_is_429(server):
     sched = server.engine.engine_config.scheduler_config
-    sched.max_num_queued_reqs = 2  # read by add_request on the engine thread; restored below
+    sched.max_num_queued_reqs = 2  # read by the front end's check (the core has its own copy); restored below
 
     async def one(aclient, i: int) -> str:
         try:
