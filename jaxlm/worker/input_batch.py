@@ -81,6 +81,12 @@ class InputBatch:
         self.token_ids[row, self.num_tokens[row]] = token_id
         self.num_tokens[row] += 1
 
+    def append_tokens(self, req_ids: list[str], token_ids: np.ndarray) -> None:
+        """append_token for many requests at once (distinct rows)."""
+        rows = np.fromiter((self.req_id_to_row[r] for r in req_ids), np.int64, len(req_ids))
+        self.token_ids[rows, self.num_tokens[rows]] = token_ids
+        self.num_tokens[rows] += 1
+
     def update_states(self, so: SchedulerOutput) -> list[str]:
         """Apply the scheduler's view; returns the req_ids that left (finished or preempted)."""
         gone = [r for r in (so.finished_req_ids | so.preempted_req_ids) if r in self.req_id_to_row]

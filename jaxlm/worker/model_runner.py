@@ -27,8 +27,14 @@ mask needs the previous step's token; only the sampler, a separate dispatch, nee
 then advances the matchers with the sampled tokens and reports the requests whose grammar
 accepts nothing more (ModelRunnerOutput.grammar_terminated_req_ids).
 
-A step sends its body inputs as one packed int32 buffer (positions once, inside the attention
-metadata) and its sampling metadata as a second transfer.
+A lean step (issue 14): the body's int32 inputs are one packed buffer (positions once, inside
+the attention metadata) and the sampling metadata a second one (HostArrays.packed), both built
+before the body is dispatched and sent in one device_put; the model state is flattened once at
+load and the compiled programs take its leaves as a flat list (an nnx State flattens in
+Python, ~544 leaves for SmolLM2, on every call otherwise). Only a constrained step sends its
+sampler buffer after the body's dispatch, since the grammar mask is filled while the body runs.
+`step_timer` (None unless a benchmark sets one; scripts/bench_host.py) gets a lap at each
+boundary of the step.
 """
 
 from __future__ import annotations
@@ -50,7 +56,7 @@ from jaxlm.config import EngineConfig
 from jaxlm.core.outputs import LogprobsLists, ModelRunnerOutput
 from jaxlm.core.sched_output import SchedulerOutput
 from jaxlm.sample.builder import SamplingInputBuilder
-from jaxlm.sample.metadata import SERVING_VARIANTS, SamplerVariant
+from jaxlm.sample.metadata import SERVING_VARIANTS, HostArrays, SamplerVariant, unpack_metadata
 from jaxlm.sample.sampler import compute_prompt_logprobs, sample
 from jaxlm.sampling_params import SamplingParams
 from jaxlm.worker.buckets import (
@@ -126,6 +132,8 @@ class ModelRunner:
         # From the model's own args: under tensor parallel they may hold replicated KV heads.
         self.kv_cache_spec = type(model).kv_cache_spec(model.args)
         self.graphdef, self.params = nnx.split(model)
+        # Flattened once: the programs take the leaves as a flat list (see the module docstring).
+        self._param_leaves, self._param_treedef = jax.tree.flatten(self.params)
         self.kernel_constraints = kernel_constraints(model, self.block_size, self.kv_cache_spec.head_dim)
         c = self.kernel_constraints
         comp = config.compilation_config
@@ -160,6 +168,8 @@ class ModelRunner:
         # Padding waste: real vs computed tokens, rows, pages, samples (scripts/bench.py reports it).
         self.padding = PaddingStats()
         self._in_step = False
+        # Benchmarks only: an object with mark() and lap(part) (scripts/bench_host.py StepTimer).
+        self.step_timer: Any | None = None
         # req_id -> error text, for requests that fail alone (reported in the step's output).
         self._failed_reqs: dict[str, str] = {}
         _register_compile_listener(self)
@@ -211,9 +221,10 @@ class ModelRunner:
 
     def _body_fn(self, T: int, kind: str) -> Callable:
         graphdef, k, replicated = self.graphdef, self.sampling.max_logprobs, self._replicated
-        shapes = self._step_shapes(T, kind)
+        shapes, treedef = self._step_shapes(T, kind), self._param_treedef
 
-        def body(params, kv_caches, packed):
+        def body(leaves, kv_caches, packed):
+            params = jax.tree.unflatten(treedef, leaves)
             x = _unpack(packed, shapes)
             # max_query_len is static: a kernel backend traces its decode kernel for DECODE.
             md = AttentionMetadata(**{f: x[f] for f in _MD_FIELDS}, max_query_len=1 if kind == DECODE else None)
@@ -230,11 +241,13 @@ class ModelRunner:
 
         return body
 
-    def _sample_fn(self, num_rows: int) -> Callable:
-        graphdef, replicated = self.graphdef, self._replicated
+    def _sample_fn(self, num_rows: int, md: HostArrays) -> Callable:
+        graphdef, replicated, treedef = self.graphdef, self._replicated, self._param_treedef
+        layout, static = md.layout(), (md.variant, md.max_logprobs, md.num_candidates)
 
-        def logits_and_sample(params, hidden, sampling_md):
-            model = nnx.merge(graphdef, params)
+        def logits_and_sample(leaves, hidden, packed_md):
+            sampling_md = unpack_metadata(packed_md, layout, *static)
+            model = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
             logits = model.compute_logits(hidden[:num_rows])
             return sample(gathered(logits, replicated), sampling_md)
 
@@ -249,7 +262,7 @@ class ModelRunner:
         start = time.perf_counter()
         spec = lambda tree: jax.tree.map(  # noqa: E731
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
-        kv_spec, params_spec = spec(self.kv_caches), spec(self.params)
+        kv_spec, params_spec = spec(self.kv_caches), spec(self._param_leaves)
         body_jit = lambda T, kind: jax.jit(self._body_fn(T, kind), donate_argnums=(1,))  # noqa: E731
         T0 = self.token_buckets[0]
         hidden_sel, _ = jax.eval_shape(body_jit(T0, MIXED), params_spec, kv_spec, self._abstract_packed(T0, MIXED))
@@ -262,8 +275,9 @@ class ModelRunner:
                 self._body[key] = lowered.compile()
             else:
                 S, variant = key
-                md_spec = self.sampling.build_host([], S, variant).to_device(self._replicated)
-                fn = jax.jit(self._sample_fn(S))
+                md = self.sampling.build_host([], S, variant)
+                md_spec = jax.ShapeDtypeStruct(md.packed().shape, jnp.int32, sharding=self._replicated)
+                fn = jax.jit(self._sample_fn(S, md))
                 self._sample[key] = fn.lower(params_spec, hidden_sel, md_spec).compile()
         self.num_programs = len(self._body) + len(self._sample)
         self.warmup_seconds = time.perf_counter() - start
@@ -305,15 +319,23 @@ class ModelRunner:
         if so.total_num_scheduled_tokens == 0:
             return ModelRunnerOutput.empty()
 
+        timer = self.step_timer
+        if timer:
+            timer.mark()
         kind = self._body_kind(so)
         T = pick_bucket(so.total_num_scheduled_tokens, self.body_buckets()[kind])
         inputs = self.input_batch.prepare_inputs(so, T, self._rows_for(T), self.sample_capacity)
         self._record_padding(inputs, T)
-        outs = self._body[(T, kind)](self.params, self.kv_caches, *self._device_inputs(inputs, kind))
+        sampling = self._sampling_inputs(inputs)  # before the body: nothing between the dispatches
+        if timer:
+            timer.lap("prepare")
+        body_in, md_in = self._device_inputs(inputs, kind, sampling)
+        if timer:
+            timer.lap("transfer")
+        outs = self._body[(T, kind)](self._param_leaves, self.kv_caches, body_in)
         hidden, self.kv_caches = outs[0], outs[-1]
+        sampled, logprobs = self._sample_tokens(inputs, hidden, sampling, md_in)
         prompt_logprobs = self._prompt_logprobs(inputs, outs[1]) if kind == PROMPT_LOGPROBS else {}
-
-        sampled, logprobs = self._sample_tokens(inputs, hidden)
         return ModelRunnerOutput(
             req_ids=inputs.req_ids,
             req_id_to_index={r: i for i, r in enumerate(inputs.req_ids)},
@@ -346,22 +368,39 @@ class ModelRunner:
             return {}
         return {r: self._failed_reqs.pop(r) for r in req_ids if r in self._failed_reqs}
 
-    def _sample_tokens(self, inputs: StepInputs, hidden: jax.Array) -> tuple[dict[str, int], LogprobsLists | None]:
+    def _sampling_inputs(self, inputs: StepInputs) -> HostArrays | None:
+        """The step's sampler metadata (host), or None when no request samples."""
         if not inputs.sample_req_ids:
-            return {}, None
-        n = len(inputs.sample_req_ids)
-        S = pick_bucket(n, self.seq_buckets)
+            return None
+        S = pick_bucket(len(inputs.sample_req_ids), self.seq_buckets)
         variant = self.sampling.variant_of(inputs.sample_req_ids)  # once per step
-        host_md = self.sampling.build_host(inputs.sample_req_ids, S, variant)
-        self.grammars.fill_bitmask(host_md.fields, inputs.sample_req_ids)  # while the body runs
-        out = self._sample[(S, variant)](self.params, hidden, host_md.to_device(self._replicated))
+        return self.sampling.build_host(inputs.sample_req_ids, S, variant)
+
+    def _sample_tokens(self, inputs: StepInputs, hidden: jax.Array, host_md: HostArrays | None,
+                       md_in: jax.Array | None) -> tuple[dict[str, int], LogprobsLists | None]:
+        timer = self.step_timer
+        if host_md is None:
+            if timer:
+                timer.lap("dispatch")
+            return {}, None
+        n, S = len(inputs.sample_req_ids), host_md.num_rows
+        if md_in is None:  # constrained: the mask is filled while the body runs, then sent
+            self.grammars.fill_bitmask(host_md.fields, inputs.sample_req_ids)
+            md_in = self._put(host_md.packed())
+        out = self._sample[(S, host_md.variant)](self._param_leaves, hidden, md_in)
+        if timer:
+            timer.lap("dispatch")
         self.padding.record_samples(n, S)
-        token_ids = np.asarray(out.sampled_token_ids)[:n].tolist()
-        sampled = dict(zip(inputs.sample_req_ids, token_ids))
-        for req_id, tok in sampled.items():
-            self.input_batch.append_token(self.input_batch.req_id_to_row[req_id], tok)
-            self.sampling.append_output(req_id, tok)
+        token_ids = np.asarray(out.sampled_token_ids)[:n]
+        if timer:
+            timer.lap("wait")
+        self.input_batch.append_tokens(inputs.sample_req_ids, token_ids)
+        token_list = token_ids.tolist()
+        self.sampling.append_outputs_batch(inputs.sample_req_ids, token_list)
+        sampled = dict(zip(inputs.sample_req_ids, token_list))
         logprobs = self._logprobs_rows(inputs, out, n) if out.logprob_token_ids is not None else None
+        if timer:
+            timer.lap("output")
         return sampled, logprobs
 
     def _prompt_logprobs(self, inputs: StepInputs, rows: Any) -> dict[str, LogprobsLists]:
@@ -386,10 +425,18 @@ class ModelRunner:
         all_ids[where], all_lps[where], all_ranks[where] = ids, lps, ranks
         return LogprobsLists(token_ids=all_ids, logprobs=all_lps, ranks=all_ranks)
 
-    def _device_inputs(self, x: StepInputs, kind: str) -> tuple[jax.Array]:
-        """The body's step arguments: its int32 inputs packed in one buffer, one transfer."""
+    def _device_inputs(self, x: StepInputs, kind: str,
+                       host_md: HostArrays | None) -> tuple[jax.Array, jax.Array | None]:
+        """The body's int32 inputs packed in one buffer and, unless the step is constrained
+        (its mask is filled later), the sampler's: one device_put for both."""
         arrays = [getattr(x, name) for name in _STEP_FIELDS]
         if kind == PROMPT_LOGPROBS:
             arrays.append(self.input_batch.next_token_ids(x))
         packed = np.concatenate([a.ravel() for a in arrays])
-        return (jax.device_put(packed, self._replicated) if self._replicated is not None else jax.device_put(packed),)
+        if host_md is None or host_md.variant.structured:
+            return self._put(packed), None
+        body_in, md_in = self._put([packed, host_md.packed()])
+        return body_in, md_in
+
+    def _put(self, x: Any) -> Any:
+        return jax.device_put(x, self._replicated) if self._replicated is not None else jax.device_put(x)

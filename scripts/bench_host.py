@@ -1,0 +1,184 @@
+"""Host overhead per decode step (scripts/bench.py --host-overhead).
+
+A tiny 2-layer Llama (float32, random weights, built with transformers) has near-zero device
+time, so the wall time of its decode step is the engine's own overhead. For each batch size it
+adds that many 16-token prompts, generates 200 greedy tokens each, and reports the milliseconds
+per decode step (a step in which every running request decodes one token) and the share of
+each part: schedule, prepare, transfer, dispatch, wait, output (the runner's bookkeeping after
+the tokens are back), update (Scheduler.update_from_output), detokenize (the output
+processor), other (the rest of the engine step).
+
+Runs against any checkout: where the runner has no StepTimer (code before issue 14) its step is
+reported whole, as "execute".
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+
+PARTS = ("schedule", "prepare", "transfer", "dispatch", "wait", "output", "execute", "update",
+         "detokenize", "other")
+
+
+def _timed(timer, part: str, fn):
+    def wrapper(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            timer.add(part, time.perf_counter() - t0)
+    return wrapper
+
+
+class StepTimer:
+    """What ModelRunner.step_timer expects: `mark()` at the start of its step, `lap(part)` at
+    each boundary (the time since the previous mark or lap goes to `part`). Engine-level parts
+    are added with `add`; `commit` ends an engine step, keeping its parts or dropping them.
+    With `trace` a list, every lap is also logged as (part, perf_counter)."""
+
+    def __init__(self) -> None:
+        self.totals: dict[str, float] = {}
+        self._pending: dict[str, float] = {}
+        self._last = time.perf_counter()
+        self.trace: list[tuple[str, float]] | None = None
+
+    def mark(self) -> None:
+        self._last = time.perf_counter()
+
+    def lap(self, part: str) -> None:
+        now = time.perf_counter()
+        self._pending[part] = self._pending.get(part, 0.0) + now - self._last
+        self._last = now
+        if self.trace is not None:
+            self.trace.append((part, now))
+
+    def add(self, part: str, seconds: float) -> None:
+        self._pending[part] = self._pending.get(part, 0.0) + seconds
+
+    def commit(self, keep: bool) -> None:
+        if keep:
+            for part, s in self._pending.items():
+                self.totals[part] = self.totals.get(part, 0.0) + s
+        self._pending.clear()
+
+
+def _instrument(engine) -> tuple[Any, list]:
+    """Wrap the engine's parts with timers; returns (timer, list receiving each step's
+    scheduled-token counts as (total tokens, requests))."""
+    timer = StepTimer()
+    runner = engine.get_model_runner()
+    scheduled: list[tuple[int, int]] = []
+    sched = engine.scheduler
+    schedule = sched.schedule
+
+    def timed_schedule(*a, **kw):
+        t0 = time.perf_counter()
+        so = schedule(*a, **kw)
+        timer.add("schedule", time.perf_counter() - t0)
+        scheduled.append((so.total_num_scheduled_tokens, len(so.num_scheduled_tokens)))
+        return so
+
+    sched.schedule = timed_schedule
+    sched.update_from_output = _timed(timer, "update", sched.update_from_output)
+    engine.output_processor.process_outputs = _timed(timer, "detokenize", engine.output_processor.process_outputs)
+    if hasattr(runner, "step_timer"):
+        runner.step_timer = timer  # the runner laps its own parts
+    else:
+        engine.executor.execute_model = _timed(timer, "execute", engine.executor.execute_model)
+    return timer, scheduled
+
+
+def measure_batch(llm, batch: int, prompt_len: int, output_len: int, skip: int = 5) -> dict:
+    """ms per decode step at this batch size and the share of each part."""
+    from jaxlm import SamplingParams
+
+    engine = llm.llm_engine
+    timer, scheduled = _instrument(engine)
+    vocab = engine.model_config.hf_config.vocab_size
+    rng = np.random.default_rng(batch)
+    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+    for i in range(batch):
+        engine.add_request(f"b{batch}-{i}", {"prompt_token_ids": rng.integers(3, vocab - 3, prompt_len).tolist()},
+                           params)
+    step_times, seen = [], 0
+    while engine.has_unfinished_requests():
+        scheduled.clear()
+        t0 = time.perf_counter()
+        engine.step()
+        wall = time.perf_counter() - t0
+        # A decode step: one token for each of the `batch` requests (scheduled in this call).
+        decode = bool(scheduled) and scheduled[0] == (batch, batch)
+        seen += decode
+        keep = decode and seen > skip
+        if keep:
+            step_times.append(wall)
+            timer.add("other", wall - sum(timer._pending.values()))
+        timer.commit(keep)
+    total = sum(step_times)
+    shares = {p: timer.totals.get(p, 0.0) / total for p in PARTS if timer.totals.get(p)}
+    return {"batch": batch, "steps": len(step_times), "ms_median": 1e3 * statistics.median(step_times),
+            "ms_mean": 1e3 * total / len(step_times), "shares": shares}
+
+
+def make_engine(model_dir: str, async_scheduling: bool | None, max_num_seqs: int):
+    from jaxlm import LLM
+
+    kw: dict[str, Any] = {}
+    if async_scheduling is not None:
+        kw["async_scheduling"] = async_scheduling
+    return LLM(model=model_dir, dtype="float32", max_num_seqs=max_num_seqs, max_model_len=256,
+               max_num_batched_tokens=1024, token_buckets=[1, 8, 64, 1024], seq_buckets=[1, 8, 64],
+               num_gpu_blocks_override=1024, **kw)
+
+
+def tiny_llama(workdir: str) -> str:
+    from tests.helpers.tiny_models import make_tiny_engine_model
+
+    return make_tiny_engine_model("llama", workdir)
+
+
+def bench_host_overhead(batches=(1, 8, 64), prompt_len: int = 16, output_len: int = 200,
+                        async_modes=(None,), model: str | None = None) -> list[dict]:
+    import logging
+
+    logging.getLogger("jaxlm").setLevel(logging.WARNING)
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = model or tiny_llama(tmp)
+        results = []
+        for mode in async_modes:
+            llm = make_engine(model_dir, mode, max(batches))
+            for b in batches:
+                r = measure_batch(llm, b, prompt_len, output_len)
+                r["async_scheduling"] = mode
+                results.append(r)
+                print_row(r)
+            compiles = llm.llm_engine.get_model_runner().num_compiles_after_warmup
+            print(f"  compiles after warm-up: {compiles}", flush=True)
+            del llm
+    return results
+
+
+def print_row(r: dict) -> None:
+    mode = {None: "default", True: "async", False: "sync"}[r["async_scheduling"]]
+    parts = "  ".join(f"{p} {100 * s:.0f}%" for p, s in r["shares"].items())
+    print(f"[{mode}] batch {r['batch']:>3}: {r['ms_median']:.2f} ms/decode step (median; mean "
+          f"{r['ms_mean']:.2f}, {r['steps']} steps)  {parts}", flush=True)
+
+
+if __name__ == "__main__":
+    import argparse
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
+    p.add_argument("--async-modes", nargs="+", default=["default"], choices=["default", "on", "off"])
+    a = p.parse_args()
+    bench_host_overhead(tuple(a.batches), async_modes=tuple({"default": None, "on": True, "off": False}[m]
+                                                            for m in a.async_modes))
