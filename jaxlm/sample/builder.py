@@ -230,10 +230,14 @@ class SamplingInputBuilder:
         self._rows.num_output[self._rows.slot(req_id)] += 1
         self._record_token(st, token_id)
 
-    def append_outputs_batch(self, req_ids: Sequence[str], token_ids: Sequence[int]) -> None:
-        """One token for each of several distinct requests: the counts in one numpy update,
-        Python work only for requests whose processors read their history."""
+    def count_outputs(self, req_ids: Sequence[str]) -> None:
+        """A step sampled one token for each of these distinct requests (values not known yet:
+        record_tokens follows). The counts move the random streams on, in one numpy update."""
         self._rows.num_output[self._rows.slots(req_ids)] += 1
+
+    def record_tokens(self, req_ids: Sequence[str], token_ids: Sequence[int]) -> None:
+        """The tokens count_outputs counted: Python work only for requests whose processors
+        read their history (penalties, min_tokens, bad words)."""
         for req_id, tok in zip(req_ids, token_ids):
             st = self._reqs[req_id]
             if st.processors:

@@ -30,6 +30,7 @@ class StepInputs:
     # Requests whose last scheduled token is the sequence's last: they sample this step.
     sample_req_ids: list[str]
     logits_indices: np.ndarray  # [S_cap] flat index of each sampling request's last token
+    prev_idx: np.ndarray  # [T_pad] row of the previous step's device tokens feeding this token, or -1
 
 
 class InputBatch:
@@ -47,6 +48,10 @@ class InputBatch:
         self.num_computed_tokens = np.zeros(max_num_reqs, np.int32)
         self.block_table = np.zeros((max_num_reqs, self.max_pages), np.int32)
         self.num_blocks = np.zeros(max_num_reqs, np.int32)
+        # A token sampled by a step whose output is not back yet (async scheduling): its
+        # position (-1: none) and its row in that step's sampled tokens on the device.
+        self.pending_pos = np.full(max_num_reqs, -1, np.int32)
+        self.pending_idx = np.zeros(max_num_reqs, np.int32)
         self.req_id_to_row: dict[str, int] = {}
         self._free_rows = list(range(max_num_reqs - 1, -1, -1))
 
@@ -64,6 +69,7 @@ class InputBatch:
         self.num_prompt_tokens[row] = len(new.prompt_token_ids)
         self.num_computed_tokens[row] = new.num_computed_tokens
         self.num_blocks[row] = 0
+        self.pending_pos[row] = -1
         self.append_blocks(row, new.block_ids)
         return row
 
@@ -81,11 +87,26 @@ class InputBatch:
         self.token_ids[row, self.num_tokens[row]] = token_id
         self.num_tokens[row] += 1
 
-    def append_tokens(self, req_ids: list[str], token_ids: np.ndarray) -> None:
-        """append_token for many requests at once (distinct rows)."""
+    def append_placeholders(self, req_ids: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """One token each, sampled but not on the host yet (the i-th of the step's sampled
+        tokens); returns (rows, positions) for fill_placeholders."""
         rows = np.fromiter((self.req_id_to_row[r] for r in req_ids), np.int64, len(req_ids))
-        self.token_ids[rows, self.num_tokens[rows]] = token_ids
+        pos = self.num_tokens[rows].copy()
+        self.pending_pos[rows] = pos
+        self.pending_idx[rows] = np.arange(len(req_ids), dtype=np.int32)
         self.num_tokens[rows] += 1
+        return rows, pos
+
+    def fill_placeholders(self, req_ids: list[str], rows: np.ndarray, pos: np.ndarray,
+                          token_ids: np.ndarray) -> np.ndarray:
+        """The sampled tokens are back: write them where each request still holds its row;
+        returns that mask (a request that left meanwhile is skipped)."""
+        live = np.fromiter((self.req_id_to_row.get(r, -1) == row for r, row in zip(req_ids, rows.tolist())),
+                           np.bool_, len(req_ids))
+        rows, pos = rows[live], pos[live]
+        self.token_ids[rows, pos] = token_ids[live]
+        self.pending_pos[rows] = np.where(self.pending_pos[rows] == pos, -1, self.pending_pos[rows])
+        return live
 
     def update_states(self, so: SchedulerOutput) -> list[str]:
         """Apply the scheduler's view; returns the req_ids that left (finished or preempted)."""
@@ -122,6 +143,8 @@ class InputBatch:
         tok_rows = rows[tok_req]
         blocks = self.block_table[tok_rows, positions // bs]
 
+        pending = self.pending_pos[tok_rows]
+        prev_idx = np.where(positions == pending, self.pending_idx[tok_rows], -1)
         pad = num_tokens_padded - T
         input_ids = np.pad(self.token_ids[tok_rows, positions], (0, pad))
         slot_mapping = np.pad(blocks * bs + positions % bs, (0, pad), constant_values=-1)
@@ -153,6 +176,7 @@ class InputBatch:
             num_tokens=T,
             sample_req_ids=[req_ids[i] for i in sample_idx],
             logits_indices=logits_indices,
+            prev_idx=np.pad(prev_idx, (0, pad), constant_values=-1).astype(np.int32),
         )
 
     def next_token_ids(self, inputs: StepInputs) -> np.ndarray:

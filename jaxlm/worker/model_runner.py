@@ -74,7 +74,9 @@ MIXED, DECODE, PROMPT_LOGPROBS = "mixed", "decode", "prompt_logprobs"
 # transfer instead of one per array (measured on CPU: ~100 us vs ~500 us for 9 arrays).
 _MD_FIELDS = ("positions", "slot_mapping", "token_to_req", "block_tables", "seq_lens",
               "context_lens", "query_start_loc")
-_STEP_FIELDS = ("input_ids", *_MD_FIELDS, "logits_indices")
+# prev_idx: per token, the row of the previous step's sampled tokens (device-resident) that is
+# its input id, or -1 (async scheduling: that token is not on the host yet).
+_STEP_FIELDS = ("input_ids", *_MD_FIELDS, "logits_indices", "prev_idx")
 
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
@@ -213,7 +215,7 @@ class ModelRunner:
         R = self._rows_for(T)
         dims = dict(input_ids=(T,), positions=(T,), slot_mapping=(T,), token_to_req=(T,),
                     block_tables=(R, self.input_batch.max_pages), seq_lens=(R,), context_lens=(R,),
-                    query_start_loc=(R + 1,), logits_indices=(self.sample_capacity,))
+                    query_start_loc=(R + 1,), logits_indices=(self.sample_capacity,), prev_idx=(T,))
         shapes = {name: dims[name] for name in _STEP_FIELDS}
         if kind == PROMPT_LOGPROBS:
             shapes["next_token_ids"] = (T,)
@@ -223,9 +225,11 @@ class ModelRunner:
         graphdef, k, replicated = self.graphdef, self.sampling.max_logprobs, self._replicated
         shapes, treedef = self._step_shapes(T, kind), self._param_treedef
 
-        def body(leaves, kv_caches, packed):
+        def body(leaves, kv_caches, packed, prev_tokens):
             params = jax.tree.unflatten(treedef, leaves)
             x = _unpack(packed, shapes)
+            idx = x["prev_idx"]
+            x["input_ids"] = jnp.where(idx >= 0, prev_tokens[jnp.maximum(idx, 0)], x["input_ids"])
             # max_query_len is static: a kernel backend traces its decode kernel for DECODE.
             md = AttentionMetadata(**{f: x[f] for f in _MD_FIELDS}, max_query_len=1 if kind == DECODE else None)
             model = nnx.merge(graphdef, params)
@@ -244,12 +248,18 @@ class ModelRunner:
     def _sample_fn(self, num_rows: int, md: HostArrays) -> Callable:
         graphdef, replicated, treedef = self.graphdef, self._replicated, self._param_treedef
         layout, static = md.layout(), (md.variant, md.max_logprobs, md.num_candidates)
+        pad = self.sample_capacity - num_rows
 
         def logits_and_sample(leaves, hidden, packed_md):
             sampling_md = unpack_metadata(packed_md, layout, *static)
             model = nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves))
             logits = model.compute_logits(hidden[:num_rows])
-            return sample(gathered(logits, replicated), sampling_md)
+            out = sample(gathered(logits, replicated), sampling_md)
+            # The next step's decode rows read their input ids from here (async scheduling).
+            tokens = jnp.pad(out.sampled_token_ids, (0, pad))
+            if replicated is not None:
+                tokens = jax.lax.with_sharding_constraint(tokens, replicated)
+            return out, tokens
 
         return logits_and_sample
 
@@ -265,13 +275,16 @@ class ModelRunner:
         kv_spec, params_spec = spec(self.kv_caches), spec(self._param_leaves)
         body_jit = lambda T, kind: jax.jit(self._body_fn(T, kind), donate_argnums=(1,))  # noqa: E731
         T0 = self.token_buckets[0]
-        hidden_sel, _ = jax.eval_shape(body_jit(T0, MIXED), params_spec, kv_spec, self._abstract_packed(T0, MIXED))
+        hidden_sel, _ = jax.eval_shape(body_jit(T0, MIXED), params_spec, kv_spec, self._abstract_packed(T0, MIXED),
+                                       jax.ShapeDtypeStruct((self.sample_capacity,), jnp.int32))
         hidden_sel = jax.ShapeDtypeStruct(hidden_sel.shape, hidden_sel.dtype, sharding=self._replicated)
+        self._last_tokens = self._put(np.zeros(self.sample_capacity, np.int32))
+        tokens_spec = jax.ShapeDtypeStruct((self.sample_capacity,), jnp.int32, sharding=self._replicated)
         jobs = [("body", (T, kind)) for kind, buckets in self.body_buckets().items() for T in buckets]
         jobs += [("sample", (S, v)) for S in self.seq_buckets for v in self.sampling.variants()]
         for what, key in tqdm(jobs, desc="Compiling buckets", unit="program"):
             if what == "body":
-                lowered = body_jit(*key).lower(params_spec, kv_spec, self._abstract_packed(*key))
+                lowered = body_jit(*key).lower(params_spec, kv_spec, self._abstract_packed(*key), tokens_spec)
                 self._body[key] = lowered.compile()
             else:
                 S, variant = key
@@ -285,10 +298,14 @@ class ModelRunner:
 
     # ---- one step -------------------------------------------------------------------------
 
-    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+    def execute_model(self, so: SchedulerOutput, non_block: bool = False) -> ModelRunnerOutput | "StepHandle":
+        """Run one step. non_block: return once it is dispatched, with a StepHandle whose
+        result() waits for the tokens (async scheduling: the next step may be dispatched
+        first; its decode rows take their input ids from this step's tokens on the device)."""
         self._in_step = True
         try:
-            return self._execute_model(so)
+            handle = self._dispatch(so)
+            return handle if non_block else handle.result()
         finally:
             self._in_step = False
 
@@ -314,10 +331,10 @@ class ModelRunner:
             return DECODE  # one token per request
         return MIXED
 
-    def _execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+    def _dispatch(self, so: SchedulerOutput) -> "StepHandle":
         self._update_states(so)
         if so.total_num_scheduled_tokens == 0:
-            return ModelRunnerOutput.empty()
+            return StepHandle(self, None)
 
         timer = self.step_timer
         if timer:
@@ -332,10 +349,16 @@ class ModelRunner:
         body_in, md_in = self._device_inputs(inputs, kind, sampling)
         if timer:
             timer.lap("transfer")
-        outs = self._body[(T, kind)](self._param_leaves, self.kv_caches, body_in)
+        outs = self._body[(T, kind)](self._param_leaves, self.kv_caches, body_in, self._last_tokens)
         hidden, self.kv_caches = outs[0], outs[-1]
-        sampled, logprobs = self._sample_tokens(inputs, hidden, sampling, md_in)
-        prompt_logprobs = self._prompt_logprobs(inputs, outs[1]) if kind == PROMPT_LOGPROBS else {}
+        out, placed = self._dispatch_sampler(inputs, hidden, sampling, md_in)
+        return StepHandle(self, inputs, out, placed, outs[1] if kind == PROMPT_LOGPROBS else None)
+
+    def _finish(self, h: "StepHandle") -> ModelRunnerOutput:
+        """The step's tokens to the host (waits for the device), then its output."""
+        inputs = h.inputs
+        sampled, logprobs = self._sample_tokens(inputs, h.sampler_out, h.placed)
+        prompt_logprobs = self._prompt_logprobs(inputs, h.prompt_lps) if h.prompt_lps is not None else {}
         return ModelRunnerOutput(
             req_ids=inputs.req_ids,
             req_id_to_index={r: i for i, r in enumerate(inputs.req_ids)},
@@ -376,27 +399,39 @@ class ModelRunner:
         variant = self.sampling.variant_of(inputs.sample_req_ids)  # once per step
         return self.sampling.build_host(inputs.sample_req_ids, S, variant)
 
-    def _sample_tokens(self, inputs: StepInputs, hidden: jax.Array, host_md: HostArrays | None,
-                       md_in: jax.Array | None) -> tuple[dict[str, int], LogprobsLists | None]:
+    def _dispatch_sampler(self, inputs: StepInputs, hidden: jax.Array, host_md: HostArrays | None,
+                          md_in: jax.Array | None) -> Any:
+        """Dispatch the sampler; the sampled rows get placeholder tokens (filled by _finish)."""
         timer = self.step_timer
         if host_md is None:
             if timer:
                 timer.lap("dispatch")
-            return {}, None
+            return None, None
         n, S = len(inputs.sample_req_ids), host_md.num_rows
         if md_in is None:  # constrained: the mask is filled while the body runs, then sent
             self.grammars.fill_bitmask(host_md.fields, inputs.sample_req_ids)
             md_in = self._put(host_md.packed())
-        out = self._sample[(S, host_md.variant)](self._param_leaves, hidden, md_in)
+        out, self._last_tokens = self._sample[(S, host_md.variant)](self._param_leaves, hidden, md_in)
+        self.padding.record_samples(n, S)
+        placed = self.input_batch.append_placeholders(inputs.sample_req_ids)
+        self.sampling.count_outputs(inputs.sample_req_ids)
         if timer:
             timer.lap("dispatch")
-        self.padding.record_samples(n, S)
+        return out, placed
+
+    def _sample_tokens(self, inputs: StepInputs, out: Any,
+                       placed: tuple[np.ndarray, np.ndarray] | None) -> tuple[dict[str, int], LogprobsLists | None]:
+        timer = self.step_timer
+        if out is None:
+            return {}, None
+        n = len(inputs.sample_req_ids)
         token_ids = np.asarray(out.sampled_token_ids)[:n]
         if timer:
             timer.lap("wait")
-        self.input_batch.append_tokens(inputs.sample_req_ids, token_ids)
+        live = self.input_batch.fill_placeholders(inputs.sample_req_ids, *placed, token_ids)
         token_list = token_ids.tolist()
-        self.sampling.append_outputs_batch(inputs.sample_req_ids, token_list)
+        self.sampling.record_tokens([r for r, ok in zip(inputs.sample_req_ids, live) if ok],
+                                    [t for t, ok in zip(token_list, live) if ok])
         sampled = dict(zip(inputs.sample_req_ids, token_list))
         logprobs = self._logprobs_rows(inputs, out, n) if out.logprob_token_ids is not None else None
         if timer:
@@ -440,3 +475,19 @@ class ModelRunner:
 
     def _put(self, x: Any) -> Any:
         return jax.device_put(x, self._replicated) if self._replicated is not None else jax.device_put(x)
+
+
+class StepHandle:
+    """A dispatched step (ModelRunner.execute_model(non_block=True)); result() waits for it."""
+
+    def __init__(self, runner: ModelRunner, inputs: StepInputs | None, sampler_out: Any = None,
+                 placed: tuple[np.ndarray, np.ndarray] | None = None, prompt_lps: Any = None) -> None:
+        self.runner, self.inputs, self.sampler_out, self.prompt_lps = runner, inputs, sampler_out, prompt_lps
+        # (rows, positions) of the sampled tokens' placeholders: result() fills rows still theirs.
+        self.placed = placed
+        self._result: ModelRunnerOutput | None = None
+
+    def result(self) -> ModelRunnerOutput:
+        if self._result is None:
+            self._result = ModelRunnerOutput.empty() if self.inputs is None else self.runner._finish(self)
+        return self._result
