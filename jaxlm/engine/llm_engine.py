@@ -8,7 +8,9 @@ import time
 from typing import Any, Iterable
 
 from jaxlm.core.request import Request, RequestStatus
+from jaxlm.core.async_scheduler import AsyncScheduler
 from jaxlm.core.scheduler import Scheduler
+from jaxlm.engine.async_scheduling import AsyncStepDriver
 from jaxlm.engine.arg_utils import EngineArgs
 from jaxlm.engine.exceptions import QueueFullError
 from jaxlm.engine.generation_config import (
@@ -49,7 +51,14 @@ class LLMEngine:
                 "(--kv-cache-memory-bytes, --num-gpu-blocks-override) or decrease --max-model-len.")
         config.cache_config.num_gpu_blocks = num_blocks
         self.executor.initialize_cache(num_blocks)
-        self.scheduler = Scheduler(config.scheduler_config, config.cache_config)
+        # ---- async scheduling hook (issue 14) ----
+        if config.scheduler_config.async_scheduling:
+            self.scheduler = AsyncScheduler(config.scheduler_config, config.cache_config)
+            self._async_driver: AsyncStepDriver | None = AsyncStepDriver(self.scheduler, self.executor)
+        else:
+            self.scheduler = Scheduler(config.scheduler_config, config.cache_config)
+            self._async_driver = None
+        # ---- end of the hook ----
 
         vocab = int(mc.hf_config.vocab_size)
         self.eos_token_id = self.tokenizer.eos_token_id
@@ -204,13 +213,14 @@ class LLMEngine:
     def step_routed(self) -> list[tuple[str, RequestOutput]]:
         """One engine step: (internal id, output) pairs, the internal id being what add_request
         returned: AsyncLLMEngine routes by it, never by the client's id."""
-        scheduler_output = self.scheduler.schedule()
-        runner_output = self.executor.execute_model(scheduler_output)
-        for core_id, why in runner_output.failed_req_ids.items():
-            self._note_error(core_id, why)
-        core_outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
-        if self._deferred:
-            self._release_siblings(core_outputs)
+        # ---- async scheduling hook (issue 14): the driver dispatches step N+1 before it
+        # hands step N's output to _update_from_output (jaxlm/engine/async_scheduling.py).
+        if self._async_driver is not None:
+            core_outputs = self._async_driver.step(self._update_from_output)
+        else:
+            scheduler_output = self.scheduler.schedule()
+            core_outputs = self._update_from_output(scheduler_output, self.executor.execute_model(scheduler_output))
+        # ---- end of the hook ----
         self.generation_tokens_total += sum(len(o.new_token_ids) for o in core_outputs)
         routed, to_abort = self._process_outputs(core_outputs)
         for internal_id, out in routed:
@@ -220,6 +230,14 @@ class LLMEngine:
             self.scheduler.finish_requests(to_abort, RequestStatus.FINISHED_STOPPED)
         self._maybe_log_stats()
         return routed
+
+    def _update_from_output(self, scheduler_output: Any, runner_output: Any) -> list:
+        for core_id, why in runner_output.failed_req_ids.items():
+            self._note_error(core_id, why)
+        core_outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        if self._deferred:
+            self._release_siblings(core_outputs)
+        return core_outputs
 
     # ---- fault containment ------------------------------------------------------------------
 
