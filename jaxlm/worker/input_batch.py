@@ -13,9 +13,16 @@ import numpy as np
 from jaxlm.core.sched_output import NewRequestData, SchedulerOutput
 
 
+# The body's per-step int32 inputs, in their order in StepInputs.packed (one host->device
+# transfer instead of one per array: measured on CPU ~100 us vs ~500 us for 9 arrays).
+STEP_FIELDS = ("input_ids", "positions", "slot_mapping", "token_to_req", "block_tables", "seq_lens",
+               "context_lens", "query_start_loc", "logits_indices", "prev_idx")
+
+
 @dataclasses.dataclass
 class StepInputs:
-    """Flat, padded inputs of one step (host numpy), in the order of `req_ids`."""
+    """Flat, padded inputs of one step (host numpy), in the order of `req_ids`. The arrays are
+    views into `packed`, which holds them back to back in STEP_FIELDS order."""
 
     req_ids: list[str]
     input_ids: np.ndarray  # [T_pad]
@@ -31,6 +38,7 @@ class StepInputs:
     sample_req_ids: list[str]
     logits_indices: np.ndarray  # [S_cap] flat index of each sampling request's last token
     prev_idx: np.ndarray  # [T_pad] row of the previous step's device tokens feeding this token, or -1
+    packed: np.ndarray  # [sum of the above] int32
 
 
 class InputBatch:
@@ -123,6 +131,15 @@ class InputBatch:
             self.num_computed_tokens[row] = computed
         return gone
 
+    def step_shapes(self, num_tokens_padded: int, num_rows_padded: int,
+                    sample_capacity: int) -> dict[str, tuple[int, ...]]:
+        """The shape of each of StepInputs' arrays, in STEP_FIELDS order."""
+        T, R = num_tokens_padded, num_rows_padded
+        dims = dict(input_ids=(T,), positions=(T,), slot_mapping=(T,), token_to_req=(T,),
+                    block_tables=(R, self.max_pages), seq_lens=(R,), context_lens=(R,),
+                    query_start_loc=(R + 1,), logits_indices=(sample_capacity,), prev_idx=(T,))
+        return {name: dims[name] for name in STEP_FIELDS}
+
     def prepare_inputs(
         self, so: SchedulerOutput, num_tokens_padded: int, num_rows_padded: int, sample_capacity: int
     ) -> StepInputs:
@@ -134,7 +151,14 @@ class InputBatch:
         req_ids, rows, start = [req_ids[i] for i in order], rows[order], start[order]
         n_sched = np.array([so.num_scheduled_tokens[r] for r in req_ids], np.int32)
         R, T, bs = len(req_ids), int(n_sched.sum()), self.block_size
-        cu = np.zeros(num_rows_padded + 1, np.int32)
+        shapes = self.step_shapes(num_tokens_padded, num_rows_padded, sample_capacity)
+        packed = np.zeros(sum(int(np.prod(shapes[f])) for f in STEP_FIELDS), np.int32)
+        x, offset = {}, 0
+        for f in STEP_FIELDS:  # views: filled in place, sent as one buffer
+            n = int(np.prod(shapes[f]))
+            x[f] = packed[offset:offset + n].reshape(shapes[f])
+            offset += n
+        cu = x["query_start_loc"]
         cu[1 : R + 1] = np.cumsum(n_sched)
         cu[R + 1 :] = T
 
@@ -143,41 +167,24 @@ class InputBatch:
         tok_rows = rows[tok_req]
         blocks = self.block_table[tok_rows, positions // bs]
 
-        pending = self.pending_pos[tok_rows]
-        prev_idx = np.where(positions == pending, self.pending_idx[tok_rows], -1)
-        pad = num_tokens_padded - T
-        input_ids = np.pad(self.token_ids[tok_rows, positions], (0, pad))
-        slot_mapping = np.pad(blocks * bs + positions % bs, (0, pad), constant_values=-1)
-        positions = np.pad(positions, (0, pad))
-        token_to_req = np.pad(tok_req, (0, pad), constant_values=max(R - 1, 0))
-
-        block_tables = np.zeros((num_rows_padded, self.max_pages), np.int32)
-        block_tables[:R] = self.block_table[rows]
-        seq_lens = np.zeros(num_rows_padded, np.int32)
-        seq_lens[:R] = start + n_sched
-        context_lens = np.zeros(num_rows_padded, np.int32)
-        context_lens[:R] = start
+        x["input_ids"][:T] = self.token_ids[tok_rows, positions]
+        x["slot_mapping"][:T] = blocks * bs + positions % bs
+        x["slot_mapping"][T:] = -1
+        x["positions"][:T] = positions
+        x["token_to_req"][:T] = tok_req
+        x["token_to_req"][T:] = max(R - 1, 0)
+        x["prev_idx"][:T] = np.where(positions == self.pending_pos[tok_rows], self.pending_idx[tok_rows], -1)
+        x["prev_idx"][T:] = -1
+        x["block_tables"][:R] = self.block_table[rows]
+        x["seq_lens"][:R] = start + n_sched
+        x["context_lens"][:R] = start
 
         # A request samples when this step reaches the end of its known tokens.
         samples = (start + n_sched) == self.num_tokens[rows]
         sample_idx = np.flatnonzero(samples)
-        logits_indices = np.zeros(sample_capacity, np.int32)
-        logits_indices[: len(sample_idx)] = cu[sample_idx + 1] - 1
-        return StepInputs(
-            req_ids=req_ids,
-            input_ids=input_ids.astype(np.int32),
-            positions=positions.astype(np.int32),
-            slot_mapping=slot_mapping.astype(np.int32),
-            token_to_req=token_to_req.astype(np.int32),
-            block_tables=block_tables,
-            seq_lens=seq_lens,
-            context_lens=context_lens,
-            query_start_loc=cu,
-            num_tokens=T,
-            sample_req_ids=[req_ids[i] for i in sample_idx],
-            logits_indices=logits_indices,
-            prev_idx=np.pad(prev_idx, (0, pad), constant_values=-1).astype(np.int32),
-        )
+        x["logits_indices"][: len(sample_idx)] = cu[sample_idx + 1] - 1
+        return StepInputs(req_ids=req_ids, num_tokens=T, sample_req_ids=[req_ids[i] for i in sample_idx],
+                          packed=packed, **x)
 
     def next_token_ids(self, inputs: StepInputs) -> np.ndarray:
         """[T_pad] the token after each scheduled position (what it predicts); 0 on padding."""

@@ -70,13 +70,11 @@ logger = logging.getLogger(__name__)
 
 # Static kinds of the body program (see the module docstring).
 MIXED, DECODE, PROMPT_LOGPROBS = "mixed", "decode", "prompt_logprobs"
-# The body's per-step int32 inputs travel as one flat buffer, in this order: one host->device
-# transfer instead of one per array (measured on CPU: ~100 us vs ~500 us for 9 arrays).
-_MD_FIELDS = ("positions", "slot_mapping", "token_to_req", "block_tables", "seq_lens",
-              "context_lens", "query_start_loc")
+# The attention metadata's fields among the body's packed inputs (input_batch.STEP_FIELDS).
 # prev_idx: per token, the row of the previous step's sampled tokens (device-resident) that is
 # its input id, or -1 (async scheduling: that token is not on the host yet).
-_STEP_FIELDS = ("input_ids", *_MD_FIELDS, "logits_indices", "prev_idx")
+_MD_FIELDS = ("positions", "slot_mapping", "token_to_req", "block_tables", "seq_lens",
+              "context_lens", "query_start_loc")
 
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
@@ -211,12 +209,8 @@ class ModelRunner:
                 PROMPT_LOGPROBS: self.prompt_logprobs_buckets}
 
     def _step_shapes(self, T: int, kind: str) -> dict[str, tuple[int, ...]]:
-        """Shapes of the body's packed inputs for token bucket T (see _STEP_FIELDS)."""
-        R = self._rows_for(T)
-        dims = dict(input_ids=(T,), positions=(T,), slot_mapping=(T,), token_to_req=(T,),
-                    block_tables=(R, self.input_batch.max_pages), seq_lens=(R,), context_lens=(R,),
-                    query_start_loc=(R + 1,), logits_indices=(self.sample_capacity,), prev_idx=(T,))
-        shapes = {name: dims[name] for name in _STEP_FIELDS}
+        """Shapes of the body's packed inputs for token bucket T (input_batch.STEP_FIELDS)."""
+        shapes = self.input_batch.step_shapes(T, self._rows_for(T), self.sample_capacity)
         if kind == PROMPT_LOGPROBS:
             shapes["next_token_ids"] = (T,)
         return shapes
@@ -464,10 +458,9 @@ class ModelRunner:
                        host_md: HostArrays | None) -> tuple[jax.Array, jax.Array | None]:
         """The body's int32 inputs packed in one buffer and, unless the step is constrained
         (its mask is filled later), the sampler's: one device_put for both."""
-        arrays = [getattr(x, name) for name in _STEP_FIELDS]
+        packed = x.packed
         if kind == PROMPT_LOGPROBS:
-            arrays.append(self.input_batch.next_token_ids(x))
-        packed = np.concatenate([a.ravel() for a in arrays])
+            packed = np.concatenate([packed, self.input_batch.next_token_ids(x)])
         if host_md is None or host_md.variant.structured:
             return self._put(packed), None
         body_in, md_in = self._put([packed, host_md.packed()])
