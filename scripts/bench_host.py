@@ -93,12 +93,49 @@ def _instrument(engine) -> tuple[Any, list]:
     return timer, scheduled
 
 
-def measure_batch(llm, batch: int, prompt_len: int, output_len: int, skip: int = 5) -> dict:
+class _Capture:
+    """Wraps a compiled program: remembers itself and the arguments of its latest call."""
+
+    def __init__(self, fn, store: dict, what: str) -> None:
+        self.fn, self.store, self.what = fn, store, what
+
+    def __call__(self, *args):
+        self.store[self.what] = (self.fn, args)
+        return self.fn(*args)
+
+
+def _capture_programs(runner) -> dict:
+    calls: dict = {}
+    for table, what in ((runner._body, "body"), (runner._sample, "sample")):
+        for key, fn in list(table.items()):
+            table[key] = _Capture(fn.fn if isinstance(fn, _Capture) else fn, calls, what)
+    return calls
+
+
+def device_ms(runner, calls: dict, reps: int = 30) -> float:
+    """The last step's body and sampler programs replayed back to back with nothing between
+    them (the KV cache argument is the runner's current one: it is donated): the step's own
+    device time, median ms."""
+    (body, body_args), (sample, sample_args) = calls["body"], calls["sample"]
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        outs = body(body_args[0], runner.kv_caches, *body_args[2:])
+        runner.kv_caches = outs[-1]
+        res = sample(sample_args[0], outs[0], *sample_args[2:])
+        np.asarray(res[1] if isinstance(res, tuple) else res.sampled_token_ids)
+        times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
+
+
+def measure_batch(llm, batch: int, prompt_len: int, output_len: int, skip: int = 5,
+                  with_device: bool = False) -> dict:
     """ms per decode step at this batch size and the share of each part."""
     from jaxlm import SamplingParams
 
     engine = llm.llm_engine
     timer, scheduled = _instrument(engine)
+    calls = _capture_programs(engine.get_model_runner()) if with_device else None
     vocab = engine.model_config.hf_config.vocab_size
     rng = np.random.default_rng(batch)
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
@@ -121,19 +158,21 @@ def measure_batch(llm, batch: int, prompt_len: int, output_len: int, skip: int =
         timer.commit(keep)
     total = sum(step_times)
     shares = {p: timer.totals.get(p, 0.0) / total for p in PARTS if timer.totals.get(p)}
-    return {"batch": batch, "steps": len(step_times), "ms_median": 1e3 * statistics.median(step_times),
-            "ms_mean": 1e3 * total / len(step_times), "shares": shares}
+    res = {"batch": batch, "steps": len(step_times), "ms_median": 1e3 * statistics.median(step_times),
+           "ms_mean": 1e3 * total / len(step_times), "shares": shares}
+    if calls is not None:  # the last step was a decode step of this batch (ignore_eos, same length)
+        res["device_ms"] = device_ms(engine.get_model_runner(), calls)
+    return res
 
 
-def make_engine(model_dir: str, async_scheduling: bool | None, max_num_seqs: int):
+def make_engine(model_dir: str | None, async_scheduling: bool | None, max_num_seqs: int):
     from jaxlm import LLM
 
-    kw: dict[str, Any] = {}
+    kw: dict[str, Any] = {} if model_dir is None else {"model": model_dir}  # None: the engine's default
     if async_scheduling is not None:
         kw["async_scheduling"] = async_scheduling
-    return LLM(model=model_dir, dtype="float32", max_num_seqs=max_num_seqs, max_model_len=256,
-               max_num_batched_tokens=1024, token_buckets=[1, 8, 64, 1024], seq_buckets=[1, 8, 64],
-               num_gpu_blocks_override=1024, **kw)
+    return LLM(dtype="float32", max_num_seqs=max_num_seqs, max_model_len=256, max_num_batched_tokens=1024,
+               token_buckets=[1, 8, 64, 1024], seq_buckets=[1, 8, 64], num_gpu_blocks_override=1024, **kw)
 
 
 def tiny_llama(workdir: str) -> str:
@@ -143,23 +182,27 @@ def tiny_llama(workdir: str) -> str:
 
 
 def bench_host_overhead(batches=(1, 8, 64), prompt_len: int = 16, output_len: int = 200,
-                        async_modes=(None,), model: str | None = None) -> list[dict]:
+                        async_modes=(None,), model: str | None = "tiny", rounds: int = 1,
+                        with_device: bool = False) -> list[dict]:
+    """Engines for every mode side by side in this process; rounds alternate the modes (the
+    machine's speed drifts: compare figures of one run). model: "tiny" (the 2-layer Llama),
+    None (the engine's default model) or a path."""
     import logging
 
     logging.getLogger("jaxlm").setLevel(logging.WARNING)
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = model or tiny_llama(tmp)
+        model_dir = tiny_llama(tmp) if model == "tiny" else model
+        engines = {mode: make_engine(model_dir, mode, max(batches)) for mode in async_modes}
         results = []
-        for mode in async_modes:
-            llm = make_engine(model_dir, mode, max(batches))
+        for _ in range(rounds):
             for b in batches:
-                r = measure_batch(llm, b, prompt_len, output_len)
-                r["async_scheduling"] = mode
-                results.append(r)
-                print_row(r)
-            compiles = llm.llm_engine.get_model_runner().num_compiles_after_warmup
-            print(f"  compiles after warm-up: {compiles}", flush=True)
-            del llm
+                for mode, llm in engines.items():
+                    r = measure_batch(llm, b, prompt_len, output_len, with_device=with_device)
+                    r["async_scheduling"] = mode
+                    results.append(r)
+                    print_row(r)
+        for mode, llm in engines.items():
+            print(f"  compiles after warm-up ({mode}): {llm.llm_engine.get_model_runner().num_compiles_after_warmup}")
     return results
 
 
@@ -168,6 +211,9 @@ def print_row(r: dict) -> None:
     parts = "  ".join(f"{p} {100 * s:.0f}%" for p, s in r["shares"].items())
     print(f"[{mode}] batch {r['batch']:>3}: {r['ms_median']:.2f} ms/decode step (median; mean "
           f"{r['ms_mean']:.2f}, {r['steps']} steps)  {parts}", flush=True)
+    if "device_ms" in r:
+        print(f"    device alone (body + sampler back to back): {r['device_ms']:.2f} ms; step / device = "
+              f"{r['ms_median'] / r['device_ms']:.2f}", flush=True)
 
 
 if __name__ == "__main__":
@@ -179,6 +225,12 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
     p.add_argument("--async-modes", nargs="+", default=["default"], choices=["default", "on", "off"])
+    p.add_argument("--model", default="tiny", help="tiny (default), 'default' (the engine's) or a path")
+    p.add_argument("--output-len", type=int, default=200)
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--device-time", action="store_true", help="also replay the step's programs alone")
     a = p.parse_args()
-    bench_host_overhead(tuple(a.batches), async_modes=tuple({"default": None, "on": True, "off": False}[m]
-                                                            for m in a.async_modes))
+    bench_host_overhead(tuple(a.batches), output_len=a.output_len,
+                        async_modes=tuple({"default": None, "on": True, "off": False}[m] for m in a.async_modes),
+                        model=None if a.model == "default" else a.model, rounds=a.rounds,
+                        with_device=a.device_time)
