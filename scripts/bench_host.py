@@ -59,6 +59,8 @@ class StepTimer:
 
     def add(self, part: str, seconds: float) -> None:
         self._pending[part] = self._pending.get(part, 0.0) + seconds
+        if self.trace is not None:
+            self.trace.append((part, time.perf_counter()))
 
     def commit(self, keep: bool) -> None:
         if keep:
@@ -129,7 +131,7 @@ def device_ms(runner, calls: dict, reps: int = 30) -> float:
 
 
 def measure_batch(llm, batch: int, prompt_len: int, output_len: int, skip: int = 5,
-                  with_device: bool = False) -> dict:
+                  with_device: bool = False, trace_steps: int = 0) -> dict:
     """ms per decode step at this batch size and the share of each part."""
     from jaxlm import SamplingParams
 
@@ -145,6 +147,7 @@ def measure_batch(llm, batch: int, prompt_len: int, output_len: int, skip: int =
     step_times, seen = [], 0
     while engine.has_unfinished_requests():
         scheduled.clear()
+        timer.trace = [] if skip < seen <= skip + trace_steps else None
         t0 = time.perf_counter()
         engine.step()
         wall = time.perf_counter() - t0
@@ -152,6 +155,13 @@ def measure_batch(llm, batch: int, prompt_len: int, output_len: int, skip: int =
         decode = bool(scheduled) and scheduled[0] == (batch, batch)
         seen += decode
         keep = decode and seen > skip
+        if timer.trace:
+            merged = [(p, t) for i, (p, t) in enumerate(timer.trace)
+                      if i + 1 == len(timer.trace) or timer.trace[i + 1][0] != p]
+            print(f"  engine step (decode {seen}), ms from its start to the end of each part: " + ", ".join(
+                f"{part} {1e3 * (t - t0):.2f}" for part, t in merged)
+                + ("  [async: prepare/transfer/dispatch are step N+1's, wait onwards step N's]"
+                   if getattr(engine.engine_config.scheduler_config, "async_scheduling", False) else ""))
         if keep:
             step_times.append(wall)
             timer.add("other", wall - sum(timer._pending.values()))
@@ -183,7 +193,7 @@ def tiny_llama(workdir: str) -> str:
 
 def bench_host_overhead(batches=(1, 8, 64), prompt_len: int = 16, output_len: int = 200,
                         async_modes=(None,), model: str | None = "tiny", rounds: int = 1,
-                        with_device: bool = False) -> list[dict]:
+                        with_device: bool = False, trace_steps: int = 0) -> list[dict]:
     """Engines for every mode side by side in this process; rounds alternate the modes (the
     machine's speed drifts: compare figures of one run). model: "tiny" (the 2-layer Llama),
     None (the engine's default model) or a path."""
@@ -197,7 +207,8 @@ def bench_host_overhead(batches=(1, 8, 64), prompt_len: int = 16, output_len: in
         for _ in range(rounds):
             for b in batches:
                 for mode, llm in engines.items():
-                    r = measure_batch(llm, b, prompt_len, output_len, with_device=with_device)
+                    r = measure_batch(llm, b, prompt_len, output_len, with_device=with_device,
+                                      trace_steps=trace_steps)
                     r["async_scheduling"] = mode
                     results.append(r)
                     print_row(r)
@@ -229,8 +240,11 @@ if __name__ == "__main__":
     p.add_argument("--output-len", type=int, default=200)
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--device-time", action="store_true", help="also replay the step's programs alone")
+    p.add_argument("--trace", type=int, default=0,
+                   help="print the timeline of this many decode steps (async: step N+1's prepare, transfer "
+                        "and dispatch end before step N's wait)")
     a = p.parse_args()
     bench_host_overhead(tuple(a.batches), output_len=a.output_len,
                         async_modes=tuple({"default": None, "on": True, "off": False}[m] for m in a.async_modes),
                         model=None if a.model == "default" else a.model, rounds=a.rounds,
-                        with_device=a.device_time)
+                        with_device=a.device_time, trace_steps=a.trace)
