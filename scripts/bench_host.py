@@ -175,6 +175,19 @@ def measure_batch(llm, batch: int, prompt_len: int, output_len: int, skip: int =
     return res
 
 
+def throughput(llm, num: int = 64, input_len: int = 128, output_len: int = 128) -> float:
+    """Output tokens/s of `num` requests of input_len random tokens, output_len greedy tokens each."""
+    from jaxlm import SamplingParams
+
+    vocab = llm.llm_engine.model_config.hf_config.vocab_size
+    rng = np.random.default_rng(0)
+    prompts = [{"prompt_token_ids": rng.integers(3, vocab - 3, input_len).tolist()} for _ in range(num)]
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True),
+                        use_tqdm=False)
+    return sum(len(o.outputs[0].token_ids) for o in outs) / (time.perf_counter() - t0)
+
+
 def make_engine(model_dir: str | None, async_scheduling: bool | None, max_num_seqs: int):
     from jaxlm import LLM
 
@@ -193,7 +206,8 @@ def tiny_llama(workdir: str) -> str:
 
 def bench_host_overhead(batches=(1, 8, 64), prompt_len: int = 16, output_len: int = 200,
                         async_modes=(None,), model: str | None = "tiny", rounds: int = 1,
-                        with_device: bool = False, trace_steps: int = 0) -> list[dict]:
+                        with_device: bool = False, trace_steps: int = 0,
+                        with_throughput: bool = False) -> list[dict]:
     """Engines for every mode side by side in this process; rounds alternate the modes (the
     machine's speed drifts: compare figures of one run). model: "tiny" (the 2-layer Llama),
     None (the engine's default model) or a path."""
@@ -202,7 +216,7 @@ def bench_host_overhead(batches=(1, 8, 64), prompt_len: int = 16, output_len: in
     logging.getLogger("jaxlm").setLevel(logging.WARNING)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = tiny_llama(tmp) if model == "tiny" else model
-        engines = {mode: make_engine(model_dir, mode, max(batches)) for mode in async_modes}
+        engines = {mode: make_engine(model_dir, mode, 64) for mode in async_modes}
         results = []
         for _ in range(rounds):
             for b in batches:
@@ -212,6 +226,10 @@ def bench_host_overhead(batches=(1, 8, 64), prompt_len: int = 16, output_len: in
                     r["async_scheduling"] = mode
                     results.append(r)
                     print_row(r)
+            if with_throughput:
+                for mode, llm in engines.items():
+                    label = {None: "default", True: "async", False: "sync"}[mode]
+                    print(f"[{label}] 64 x (128 in, 128 out): {throughput(llm):.1f} output tok/s", flush=True)
         for mode, llm in engines.items():
             print(f"  compiles after warm-up ({mode}): {llm.llm_engine.get_model_runner().num_compiles_after_warmup}")
     return results
@@ -243,8 +261,9 @@ if __name__ == "__main__":
     p.add_argument("--trace", type=int, default=0,
                    help="print the timeline of this many decode steps (async: step N+1's prepare, transfer "
                         "and dispatch end before step N's wait)")
+    p.add_argument("--throughput", action="store_true", help="also 64 x (128 in, 128 out) output tok/s per round")
     a = p.parse_args()
     bench_host_overhead(tuple(a.batches), output_len=a.output_len,
                         async_modes=tuple({"default": None, "on": True, "off": False}[m] for m in a.async_modes),
                         model=None if a.model == "default" else a.model, rounds=a.rounds,
-                        with_device=a.device_time, trace_steps=a.trace)
+                        with_device=a.device_time, trace_steps=a.trace, with_throughput=a.throughput)
