@@ -27,14 +27,12 @@ mask needs the previous step's token; only the sampler, a separate dispatch, nee
 then advances the matchers with the sampled tokens and reports the requests whose grammar
 accepts nothing more (ModelRunnerOutput.grammar_terminated_req_ids).
 
-A lean step (issue 14): the body's int32 inputs are one packed buffer (positions once, inside
-the attention metadata) and the sampling metadata a second one (HostArrays.packed), both built
-before the body is dispatched and sent in one device_put; the model state is flattened once at
-load and the compiled programs take its leaves as a flat list (an nnx State flattens in
-Python, ~544 leaves for SmolLM2, on every call otherwise). Only a constrained step sends its
-sampler buffer after the body's dispatch, since the grammar mask is filled while the body runs.
-`step_timer` (None unless a benchmark sets one; scripts/bench_host.py) gets a lap at each
-boundary of the step.
+A lean step (issue 14; docs/ARCHITECTURE.md): the body's int32 inputs and the sampler's
+metadata are two packed buffers built before the body is dispatched and sent in one
+device_put (a constrained step sends the sampler's after the body's dispatch: its mask is
+filled meanwhile); the programs take the model state's leaves, flattened once at load.
+execute_model(so, non_block=True) returns a StepHandle once the step is dispatched (async
+scheduling); `step_timer` (benchmarks only) gets a lap at each boundary of the step.
 """
 
 from __future__ import annotations
@@ -53,7 +51,7 @@ from tqdm import tqdm
 
 from jaxlm.attention.metadata import AttentionMetadata
 from jaxlm.config import EngineConfig
-from jaxlm.core.outputs import LogprobsLists, ModelRunnerOutput
+from jaxlm.core.outputs import ModelRunnerOutput
 from jaxlm.core.sched_output import SchedulerOutput
 from jaxlm.sample.builder import SamplingInputBuilder
 from jaxlm.sample.metadata import SERVING_VARIANTS, HostArrays, SamplerVariant, unpack_metadata
@@ -65,6 +63,7 @@ from jaxlm.worker.buckets import (
 from jaxlm.worker.grammar_rows import GrammarRows
 from jaxlm.worker.input_batch import InputBatch, StepInputs
 from jaxlm.worker.prompt_logprobs import PromptLogprobsTracker
+from jaxlm.worker.step_handle import StepHandle
 
 logger = logging.getLogger(__name__)
 
@@ -292,7 +291,7 @@ class ModelRunner:
 
     # ---- one step -------------------------------------------------------------------------
 
-    def execute_model(self, so: SchedulerOutput, non_block: bool = False) -> ModelRunnerOutput | "StepHandle":
+    def execute_model(self, so: SchedulerOutput, non_block: bool = False) -> ModelRunnerOutput | StepHandle:
         """Run one step. non_block: return once it is dispatched, with a StepHandle whose
         result() waits for the tokens (async scheduling: the next step may be dispatched
         first; its decode rows take their input ids from this step's tokens on the device)."""
@@ -325,7 +324,7 @@ class ModelRunner:
             return DECODE  # one token per request
         return MIXED
 
-    def _dispatch(self, so: SchedulerOutput) -> "StepHandle":
+    def _dispatch(self, so: SchedulerOutput) -> StepHandle:
         self._update_states(so)
         if so.total_num_scheduled_tokens == 0:
             return StepHandle(self, None)
@@ -347,21 +346,6 @@ class ModelRunner:
         hidden, self.kv_caches = outs[0], outs[-1]
         out, placed = self._dispatch_sampler(inputs, hidden, sampling, md_in)
         return StepHandle(self, inputs, out, placed, outs[1] if kind == PROMPT_LOGPROBS else None)
-
-    def _finish(self, h: "StepHandle") -> ModelRunnerOutput:
-        """The step's tokens to the host (waits for the device), then its output."""
-        inputs = h.inputs
-        sampled, logprobs = self._sample_tokens(inputs, h.sampler_out, h.placed)
-        prompt_logprobs = self._prompt_logprobs(inputs, h.prompt_lps) if h.prompt_lps is not None else {}
-        return ModelRunnerOutput(
-            req_ids=inputs.req_ids,
-            req_id_to_index={r: i for i, r in enumerate(inputs.req_ids)},
-            sampled_token_ids=[[sampled[r]] if r in sampled else [] for r in inputs.req_ids],
-            logprobs=logprobs,
-            prompt_logprobs=prompt_logprobs,
-            failed_req_ids=self._take_failed(inputs.req_ids),
-            grammar_terminated_req_ids=self.grammars.advance(sampled),
-        )
 
     def _record_padding(self, inputs: StepInputs, T: int) -> None:
         R, num_rows = self._rows_for(T), len(inputs.req_ids)
@@ -395,7 +379,7 @@ class ModelRunner:
 
     def _dispatch_sampler(self, inputs: StepInputs, hidden: jax.Array, host_md: HostArrays | None,
                           md_in: jax.Array | None) -> Any:
-        """Dispatch the sampler; the sampled rows get placeholder tokens (filled by _finish)."""
+        """Dispatch the sampler; the sampled rows get placeholder tokens (StepHandle.result fills them)."""
         timer = self.step_timer
         if host_md is None:
             if timer:
@@ -413,47 +397,6 @@ class ModelRunner:
             timer.lap("dispatch")
         return out, placed
 
-    def _sample_tokens(self, inputs: StepInputs, out: Any,
-                       placed: tuple[np.ndarray, np.ndarray] | None) -> tuple[dict[str, int], LogprobsLists | None]:
-        timer = self.step_timer
-        if out is None:
-            return {}, None
-        n = len(inputs.sample_req_ids)
-        token_ids = np.asarray(out.sampled_token_ids)[:n]
-        if timer:
-            timer.lap("wait")
-        live = self.input_batch.fill_placeholders(inputs.sample_req_ids, *placed, token_ids)
-        token_list = token_ids.tolist()
-        self.sampling.record_tokens([r for r, ok in zip(inputs.sample_req_ids, live) if ok],
-                                    [t for t, ok in zip(token_list, live) if ok])
-        sampled = dict(zip(inputs.sample_req_ids, token_list))
-        logprobs = self._logprobs_rows(inputs, out, n) if out.logprob_token_ids is not None else None
-        if timer:
-            timer.lap("output")
-        return sampled, logprobs
-
-    def _prompt_logprobs(self, inputs: StepInputs, rows: Any) -> dict[str, LogprobsLists]:
-        """Logprobs of the prompt positions computed this step that were not delivered yet."""
-        ids, lps, ranks = jax.device_get(rows)
-        out = {}
-        for i in self.prompt_logprobs.wanted(inputs.req_ids):
-            req_id = inputs.req_ids[i]
-            start, stop = int(inputs.query_start_loc[i]), int(inputs.query_start_loc[i + 1])
-            step_rows = LogprobsLists(ids[start:stop], lps[start:stop], ranks[start:stop])
-            out[req_id] = self.prompt_logprobs.take(req_id, int(inputs.positions[start]), stop - start, step_rows)
-        return out
-
-    @staticmethod
-    def _logprobs_rows(inputs: StepInputs, out: Any, n: int) -> LogprobsLists:
-        """Sampler rows -> rows aligned with inputs.req_ids (zeros where nothing was sampled)."""
-        ids, lps, ranks = (np.asarray(a)[:n] for a in (out.logprob_token_ids, out.logprobs, out.sampled_token_ranks))
-        pos = {r: i for i, r in enumerate(inputs.req_ids)}
-        where = np.array([pos[r] for r in inputs.sample_req_ids])
-        full = lambda a: np.zeros((len(inputs.req_ids),) + a.shape[1:], a.dtype)  # noqa: E731
-        all_ids, all_lps, all_ranks = full(ids), full(lps), full(ranks)
-        all_ids[where], all_lps[where], all_ranks[where] = ids, lps, ranks
-        return LogprobsLists(token_ids=all_ids, logprobs=all_lps, ranks=all_ranks)
-
     def _device_inputs(self, x: StepInputs, kind: str,
                        host_md: HostArrays | None) -> tuple[jax.Array, jax.Array | None]:
         """The body's int32 inputs packed in one buffer and, unless the step is constrained
@@ -468,19 +411,3 @@ class ModelRunner:
 
     def _put(self, x: Any) -> Any:
         return jax.device_put(x, self._replicated) if self._replicated is not None else jax.device_put(x)
-
-
-class StepHandle:
-    """A dispatched step (ModelRunner.execute_model(non_block=True)); result() waits for it."""
-
-    def __init__(self, runner: ModelRunner, inputs: StepInputs | None, sampler_out: Any = None,
-                 placed: tuple[np.ndarray, np.ndarray] | None = None, prompt_lps: Any = None) -> None:
-        self.runner, self.inputs, self.sampler_out, self.prompt_lps = runner, inputs, sampler_out, prompt_lps
-        # (rows, positions) of the sampled tokens' placeholders: result() fills rows still theirs.
-        self.placed = placed
-        self._result: ModelRunnerOutput | None = None
-
-    def result(self) -> ModelRunnerOutput:
-        if self._result is None:
-            self._result = ModelRunnerOutput.empty() if self.inputs is None else self.runner._finish(self)
-        return self._result

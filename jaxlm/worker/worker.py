@@ -71,4 +71,6 @@ class Worker:
         self.model_runner.warm_up()
 
     def execute_model(self, scheduler_output: SchedulerOutput, non_block: bool = False) -> Any:
-        return self.model_runner.execute_model(scheduler_output, non_block)
+        if non_block:
+            return self.model_runner.execute_model(scheduler_output, non_block=True)
+        return self.model_runner.execute_model(scheduler_output)  # the one-argument call wrappers expect
