@@ -7,6 +7,7 @@ step) numpy work and no per-request Python objects beyond the req_id -> row map.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
@@ -61,6 +62,7 @@ class InputBatch:
         self.pending_pos = np.full(max_num_reqs, -1, np.int32)
         self.pending_idx = np.zeros(max_num_reqs, np.int32)
         self.req_id_to_row: dict[str, int] = {}
+        self._layouts: dict[tuple[int, int, int], tuple[int, list]] = {}
         self._free_rows = list(range(max_num_reqs - 1, -1, -1))
 
     def __len__(self) -> int:
@@ -140,6 +142,18 @@ class InputBatch:
                     query_start_loc=(R + 1,), logits_indices=(sample_capacity,), prev_idx=(T,))
         return {name: dims[name] for name in STEP_FIELDS}
 
+    def _layout(self, T: int, R: int, S: int) -> tuple[int, list[tuple[str, int, int, tuple[int, ...]]]]:
+        """(size, [(field, start, stop, shape)]) of the packed buffer, computed once per bucket."""
+        key = (T, R, S)
+        if key not in self._layouts:
+            layout, offset = [], 0
+            for f, shape in self.step_shapes(T, R, S).items():
+                n = math.prod(shape)
+                layout.append((f, offset, offset + n, shape))
+                offset += n
+            self._layouts[key] = (offset, layout)
+        return self._layouts[key]
+
     def prepare_inputs(
         self, so: SchedulerOutput, num_tokens_padded: int, num_rows_padded: int, sample_capacity: int
     ) -> StepInputs:
@@ -151,13 +165,10 @@ class InputBatch:
         req_ids, rows, start = [req_ids[i] for i in order], rows[order], start[order]
         n_sched = np.array([so.num_scheduled_tokens[r] for r in req_ids], np.int32)
         R, T, bs = len(req_ids), int(n_sched.sum()), self.block_size
-        shapes = self.step_shapes(num_tokens_padded, num_rows_padded, sample_capacity)
-        packed = np.zeros(sum(int(np.prod(shapes[f])) for f in STEP_FIELDS), np.int32)
-        x, offset = {}, 0
-        for f in STEP_FIELDS:  # views: filled in place, sent as one buffer
-            n = int(np.prod(shapes[f]))
-            x[f] = packed[offset:offset + n].reshape(shapes[f])
-            offset += n
+        size, layout = self._layout(num_tokens_padded, num_rows_padded, sample_capacity)
+        packed = np.zeros(size, np.int32)
+        # Views: filled in place, sent as one buffer.
+        x = {f: packed[start:stop].reshape(shape) for f, start, stop, shape in layout}
         cu = x["query_start_loc"]
         cu[1 : R + 1] = np.cumsum(n_sched)
         cu[R + 1 :] = T
