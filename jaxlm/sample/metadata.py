@@ -123,7 +123,8 @@ jax.tree_util.register_dataclass(
 
 @dataclasses.dataclass
 class HostArrays:
-    """Numpy twin of SamplingMetadata, filled by the builder and shipped with one device_put."""
+    """Numpy twin of SamplingMetadata, filled by the builder: packed() for the runner (one int32
+    buffer), to_device() for callers that want the arrays on the device as a pytree."""
 
     fields: dict[str, np.ndarray]
     variant: SamplerVariant
