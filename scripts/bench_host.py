@@ -198,16 +198,20 @@ def make_engine(model_dir: str | None, async_scheduling: bool | None, max_num_se
                token_buckets=[1, 8, 64, 1024], seq_buckets=[1, 8, 64], num_gpu_blocks_override=1024, **kw)
 
 
-def tiny_llama(workdir: str) -> str:
+def tiny_llama(workdir: str, hidden: int | None = None, layers: int | None = None) -> str:
+    """The tests' tiny Llama (2 layers, hidden 64), or wider/deeper to give the device work."""
     from tests.helpers.tiny_models import make_tiny_engine_model
 
-    return make_tiny_engine_model("llama", workdir)
+    kw = {} if hidden is None else dict(hidden_size=hidden, intermediate_size=4 * hidden)
+    if layers is not None:
+        kw["num_hidden_layers"] = layers
+    return make_tiny_engine_model("llama", workdir, **kw)
 
 
 def bench_host_overhead(batches=(1, 8, 64), prompt_len: int = 16, output_len: int = 200,
                         async_modes=(None,), model: str | None = "tiny", rounds: int = 1,
                         with_device: bool = False, trace_steps: int = 0,
-                        with_throughput: bool = False) -> list[dict]:
+                        with_throughput: bool = False, tiny_size: tuple = (None, None)) -> list[dict]:
     """Engines for every mode side by side in this process; rounds alternate the modes (the
     machine's speed drifts: compare figures of one run). model: "tiny" (the 2-layer Llama),
     None (the engine's default model) or a path."""
@@ -215,7 +219,7 @@ def bench_host_overhead(batches=(1, 8, 64), prompt_len: int = 16, output_len: in
 
     logging.getLogger("jaxlm").setLevel(logging.WARNING)
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = tiny_llama(tmp) if model == "tiny" else model
+        model_dir = tiny_llama(tmp, *tiny_size) if model == "tiny" else model
         engines = {mode: make_engine(model_dir, mode, 64) for mode in async_modes}
         results = []
         for _ in range(rounds):
@@ -262,8 +266,11 @@ if __name__ == "__main__":
                    help="print the timeline of this many decode steps (async: step N+1's prepare, transfer "
                         "and dispatch end before step N's wait)")
     p.add_argument("--throughput", action="store_true", help="also 64 x (128 in, 128 out) output tok/s per round")
+    p.add_argument("--tiny-size", type=int, nargs=2, default=(None, None), metavar=("HIDDEN", "LAYERS"),
+                   help="a larger tiny model, e.g. 1024 8: device time per step near the host's")
     a = p.parse_args()
     bench_host_overhead(tuple(a.batches), output_len=a.output_len,
                         async_modes=tuple({"default": None, "on": True, "off": False}[m] for m in a.async_modes),
                         model=None if a.model == "default" else a.model, rounds=a.rounds,
-                        with_device=a.device_time, trace_steps=a.trace, with_throughput=a.throughput)
+                        with_device=a.device_time, trace_steps=a.trace, with_throughput=a.throughput,
+                        tiny_size=tuple(a.tiny_size))
