@@ -203,6 +203,9 @@ class SchedulerConfig:
     max_num_batched_tokens: int = arg(512, "token budget of one step (chunked prefill splits longer prompts)",
                                       parse=human_readable_int)
     max_num_queued_reqs: int | None = arg(None, "most waiting requests before new ones are refused (HTTP 429)")
+    async_scheduling: bool = arg(False, "schedule and prepare step N+1 while the device runs step N (decode "
+                                        "inputs come from step N's tokens on the device); steps with "
+                                        "structured outputs, penalties, min_tokens or bad words run synchronously")
     # Not an argument: ModelConfig.max_model_len once resolved against the model (the engine
     # copies it here; the scheduler and the runner read it from here).
     max_model_len: int | None = None

@@ -6,6 +6,7 @@
     python scripts/bench.py --vs-hf --roofline                # + transformers side by side, % of machine limits
     python scripts/bench.py --sampling                        # decode with every sampling filter on vs greedy
     python scripts/bench.py --structured                      # decode under a JSON schema vs none, batch 1 and 16
+    python scripts/bench.py --host-overhead                   # tiny model: ms per decode step at batch 1/8/64, by part
 
 Bucket configs: pow2 (the engine default), pow4, linear:STEP, a comma list of token buckets,
 tokens=A;seqs=B (each any of those), auto (derived by simulating the scheduler on the workload
@@ -243,6 +244,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--roofline", action="store_true", help="report against measured bandwidth/matmul limits")
     p.add_argument("--sampling", action="store_true", help="decode with every sampling filter on vs greedy")
     p.add_argument("--structured", action="store_true", help="decode under a JSON schema vs none")
+    p.add_argument("--host-overhead", action="store_true",
+                   help="ms per decode step of a tiny model at batch 1/8/64, by part, sync and async scheduling")
     p.add_argument("--workdir", default="/tmp/jaxlm_bench", help="scratch space (compile caches, GGUF export)")
     return p.parse_args(argv)
 
@@ -250,6 +253,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     os.makedirs(args.workdir, exist_ok=True)
+    if args.host_overhead:
+        import bench_host  # scripts/bench_host.py
+
+        bench_host.bench_host_overhead(async_modes=(False, True))
+        return
     if args.structured:
         bench_engine.bench_structured(args.model, args.dtype)
         return

@@ -58,6 +58,8 @@ class Request:
     stop_reason: int | str | None = None
     # First time the scheduler admitted it (time.time()); resumes after preemption keep it.
     scheduled_ts: float | None = None
+    # Async scheduling: tokens sampled by steps in flight, not yet appended (AsyncScheduler).
+    num_output_placeholders: int = 0
     # Filled by add_request: max_tokens (None in the params = up to max_model_len).
     max_tokens: int | None = None
     # Chained hashes of the full blocks seen so far (extended lazily by the KVCacheManager).

@@ -101,7 +101,24 @@ class Scheduler:
             preempted_req_ids={r.request_id for r in preempted_reqs},
         )
         self.finished_req_ids = set()
+        self._update_after_schedule(output)
         return output
+
+    # -- hooks: AsyncScheduler (jaxlm/core/async_scheduler.py) overrides these --------------
+
+    def _update_after_schedule(self, output: SchedulerOutput) -> None:
+        """Called with each step's output before it runs (sync: nothing to do)."""
+
+    def _num_tokens_to_compute(self, request: Request) -> int:
+        return request.num_tokens - request.num_computed_tokens
+
+    def _advance_computed(self, request: Request, num_scheduled: int) -> None:
+        """A step's tokens are computed (sync: counted when its output comes back)."""
+        request.num_computed_tokens += num_scheduled
+
+    def _takes_output(self, request: Request) -> bool:
+        """Whether a step's output still applies to this request (sync: running ones only)."""
+        return request.status == RequestStatus.RUNNING
 
     def _schedule_running(self, num_scheduled_tokens: dict[str, int],
                           cached: CachedRequestData) -> tuple[int, list[Request]]:
@@ -113,7 +130,10 @@ class Scheduler:
         req_index = 0
         while req_index < len(self.running) and token_budget > 0:
             request = self.running[req_index]
-            num_new_tokens = min(request.num_tokens - request.num_computed_tokens, token_budget)
+            num_new_tokens = min(self._num_tokens_to_compute(request), token_budget)
+            if num_new_tokens <= 0 and self._skip_quietly(request):
+                req_index += 1
+                continue
             if num_new_tokens <= 0:
                 # Only if the runner returned no token after a full prefill; skip, don't crash.
                 logger.warning("Request %s has no token to compute", request.request_id)
@@ -210,17 +230,18 @@ class Scheduler:
         finished: set[str] = set()
         for rid, num_scheduled in scheduler_output.num_scheduled_tokens.items():
             request = self.requests.get(rid)
-            if request is None or request.status != RequestStatus.RUNNING:
+            if request is None or not self._takes_output(request):
                 continue  # aborted (or finished) while the step ran
-            request.num_computed_tokens += num_scheduled
+            self._advance_computed(request, num_scheduled)
             i = req_index.get(rid)
             if rid in model_runner_output.failed_req_ids:
                 request.status = RequestStatus.FINISHED_ERROR  # its blocks stay out of the prefix cache
                 sampled = []
             else:
-                kv.cache_blocks(request, request.num_computed_tokens)
+                kv.cache_blocks(request, min(request.num_computed_tokens, request.num_tokens))
                 sampled = model_runner_output.sampled_token_ids[i] if i is not None else []
-            if request.num_computed_tokens < request.num_tokens:
+                self._token_arrived(request, bool(sampled))
+            if self._is_partial(request):
                 sampled = []  # a partial prefill chunk: its token (if any) is not a real sample
             new_token_ids: list[int] = []
             for token_id in sampled:
@@ -255,8 +276,22 @@ class Scheduler:
             # One O(running) pass instead of a list.remove per finished request.
             self.running = [r for r in self.running if r.request_id not in finished]
             for rid in finished:
-                self._free_finished(self.requests[rid])
+                request = self.requests[rid]
+                if request in self.waiting:  # async: preempted while its last token was in flight
+                    self.waiting.remove(request)
+                self._free_finished(request)
         return outputs
+
+    def _skip_quietly(self, request: Request) -> bool:
+        """A running request with nothing to compute that is expected (async: its last token
+        is in flight)."""
+        return False
+
+    def _is_partial(self, request: Request) -> bool:
+        return request.num_computed_tokens < request.num_tokens
+
+    def _token_arrived(self, request: Request, sampled: bool) -> None:
+        """A step's output for this request is in (async: one in-flight token fewer)."""
 
     def _check_stop(self, request: Request) -> bool:
         """After appending one token: eos, stop token ids, max_tokens, max_model_len."""

@@ -15,9 +15,11 @@ import time
 from typing import Any, Iterable
 
 from jaxlm.config import EngineConfig
+from jaxlm.core.async_scheduler import AsyncScheduler
 from jaxlm.core.request import Request, RequestStatus
 from jaxlm.core.scheduler import Scheduler
 from jaxlm.core.stats import SchedulerStats
+from jaxlm.engine.async_scheduling import AsyncStepDriver
 from jaxlm.engine.exceptions import QueueFullError
 from jaxlm.engine.messages import (
     MSG_FAILED, MSG_OUTPUTS, MSG_READY, EngineCoreOutputs, EngineCoreReady, EngineCoreRejection,
@@ -27,6 +29,16 @@ from jaxlm.executor.abstract import Executor
 logger = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
+
+
+def check_async_scheduling(config: EngineConfig) -> None:
+    """Async scheduling feeds decode rows from the previous step's tokens on the device: the
+    pipeline runner's stages and the multi-host step broadcast do not (yet)."""
+    parallel = config.parallel_config
+    for name in ("pipeline_parallel_size", "nnodes"):
+        if getattr(parallel, name) > 1:
+            raise ValueError(f"--async-scheduling does not run with {name}={getattr(parallel, name)} yet; "
+                             "leave it off")
 
 
 class EngineCore:
@@ -46,7 +58,15 @@ class EngineCore:
                 "(--kv-cache-memory-bytes, --num-gpu-blocks-override) or decrease --max-model-len.")
         config.cache_config.num_gpu_blocks = num_blocks
         self.executor.initialize_cache(num_blocks)
-        self.scheduler = Scheduler(config.scheduler_config, config.cache_config)
+        # --async-scheduling: the driver dispatches step N+1 before it hands step N's output
+        # back (engine/async_scheduling.py); otherwise the plain schedule -> execute -> update.
+        if config.scheduler_config.async_scheduling:
+            check_async_scheduling(config)
+            self.scheduler: Scheduler = AsyncScheduler(config.scheduler_config, config.cache_config)
+            self._async_driver: AsyncStepDriver | None = AsyncStepDriver(self.scheduler, self.executor)
+        else:
+            self.scheduler = Scheduler(config.scheduler_config, config.cache_config)
+            self._async_driver = None
         # first child id -> siblings not yet handed to the scheduler (n > 1)
         self._deferred: dict[str, list[Request]] = {}
         self._structured_output_ready = False
@@ -80,17 +100,26 @@ class EngineCore:
         self.scheduler.finish_requests(request_ids, status)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests() or bool(self._deferred)
+        in_flight = self._async_driver is not None and self._async_driver.has_in_flight()
+        return self.scheduler.has_unfinished_requests() or bool(self._deferred) or in_flight
 
     def step(self) -> EngineCoreOutputs:
         """One engine step: schedule -> execute -> update; the outputs and the stats after it."""
-        scheduler_output = self.scheduler.schedule()
-        runner_output = self.executor.execute_model(scheduler_output)
-        outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
-        if self._deferred:
-            self._release_siblings(outputs)
-        return EngineCoreOutputs(engine_index=self.engine_index, outputs=outputs,
-                                 failed=dict(runner_output.failed_req_ids),
+        failed: dict[str, str] = {}
+
+        def update(scheduler_output, runner_output) -> list:
+            failed.update(runner_output.failed_req_ids)
+            outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+            if self._deferred:
+                self._release_siblings(outputs)
+            return outputs
+
+        if self._async_driver is not None:
+            outputs = self._async_driver.step(update)
+        else:
+            scheduler_output = self.scheduler.schedule()
+            outputs = update(scheduler_output, self.executor.execute_model(scheduler_output))
+        return EngineCoreOutputs(engine_index=self.engine_index, outputs=outputs, failed=failed,
                                  scheduler_stats=self.make_stats())
 
     def make_stats(self) -> SchedulerStats:

@@ -7,7 +7,6 @@ import importlib
 from typing import Any
 
 from jaxlm.config import EngineConfig
-from jaxlm.core.outputs import ModelRunnerOutput
 from jaxlm.core.sched_output import SchedulerOutput
 
 # Executors by qualified name (resolved on use, as vLLM's distributed_executor_backend): the
@@ -57,7 +56,9 @@ class Executor(abc.ABC):
         return self.worker.model_runner
 
     @abc.abstractmethod
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput: ...
+    def execute_model(self, scheduler_output: SchedulerOutput, non_block: bool = False) -> Any:
+        """Run one step: its ModelRunnerOutput, or with non_block a handle whose result()
+        returns it (vLLM's Future), so the caller can dispatch the next step first."""
 
     def check_health(self) -> None:
         """Raises when the executor cannot run another step (a lost node); in-process: never."""

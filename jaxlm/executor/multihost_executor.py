@@ -114,7 +114,9 @@ class MultiHostExecutor(MeshExecutor):
         # Lock-step: the first step's collectives must not wait on a node still compiling.
         self.channel.wait_for_followers(STARTUP_TIMEOUT_S, "warmed up")
 
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+    def execute_model(self, scheduler_output: SchedulerOutput, non_block: bool = False) -> ModelRunnerOutput:
+        if non_block:
+            raise NotImplementedError("several nodes run each step to its end (no async scheduling)")
         self.check_health()
         manager = self.worker.model_runner.grammars.manager
         if manager is not None and not self._grammar_sent:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import numpy as np
 
-from jaxlm.core.outputs import ModelRunnerOutput
 from jaxlm.core.sched_output import SchedulerOutput
 from jaxlm.executor.abstract import Executor
 from jaxlm.executor.compilation_cache import configure_compilation_cache
@@ -32,5 +33,5 @@ class UniProcExecutor(Executor):
         self.worker.initialize_cache(num_blocks)
         self.worker.compile_or_warm_up_model()
 
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        return self.worker.execute_model(scheduler_output)
+    def execute_model(self, scheduler_output: SchedulerOutput, non_block: bool = False) -> Any:
+        return self.worker.execute_model(scheduler_output, non_block)

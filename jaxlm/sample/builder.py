@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from jaxlm.sample.metadata import ALL_VARIANTS, HostArrays, SamplerVariant, SamplingMetadata, covering_variant
+from jaxlm.sample.rows import SamplingRows
 from jaxlm.sampling_params import SamplingParams
 from jaxlm.structured_output.bitmask import bitmask_width
 
@@ -69,7 +70,7 @@ class _ReqState:
     top_k: int = 0
     top_p: float = 1.0
     min_p: float = 1.0
-    num_output: int = 0
+    num_output: int = 0  # kept for rows with processors (min_tokens, bad words); SamplingRows counts all
     processors: bool = False
     # penalties (presence, frequency, repetition); distinct prompt+output tokens, output counts
     penalties: tuple[float, float, float] = (0.0, 0.0, 1.0)
@@ -112,6 +113,8 @@ class SamplingInputBuilder:
         self.num_candidates = num_candidates
         self._variants = tuple(variants)
         self._reqs: dict[str, _ReqState] = {}
+        # The per-step values of every request, gathered per step by index (see rows.py).
+        self._rows = SamplingRows()
 
     # ------------------------------------------------------------ validation
 
@@ -170,6 +173,11 @@ class SamplingInputBuilder:
             for t in prompt_token_ids:
                 self._pen_add(st, int(t), 0)
         self._reqs[req_id] = st
+        self._rows.add(req_id, dict(temperature=st.temperature, top_k=st.top_k, top_p=st.top_p,
+                                    min_p=st.min_p, stream=st.stream, greedy=st.greedy),
+                       SamplerVariant(random=not st.greedy, filters=not st.greedy and (st.top_k > 0 or st.top_p < 1.0),
+                                      processors=st.processors, logprobs=params.logprobs is not None,
+                                      structured=st.structured))
         for t in output_token_ids:
             self.append_output(req_id, t)
 
@@ -215,9 +223,27 @@ class SamplingInputBuilder:
 
     def remove_request(self, req_id: str) -> None:
         self._reqs.pop(req_id, None)
+        self._rows.remove(req_id)
 
     def append_output(self, req_id: str, token_id: int) -> None:
         st = self._reqs[req_id]
+        self._rows.num_output[self._rows.slot(req_id)] += 1
+        self._record_token(st, token_id)
+
+    def count_outputs(self, req_ids: Sequence[str]) -> None:
+        """A step sampled one token for each of these distinct requests (values not known yet:
+        record_tokens follows). The counts move the random streams on, in one numpy update."""
+        self._rows.num_output[self._rows.slots(req_ids)] += 1
+
+    def record_tokens(self, req_ids: Sequence[str], token_ids: Sequence[int]) -> None:
+        """The tokens count_outputs counted: Python work only for requests whose processors
+        read their history (penalties, min_tokens, bad words)."""
+        for req_id, tok in zip(req_ids, token_ids):
+            st = self._reqs[req_id]
+            if st.processors:
+                self._record_token(st, tok)
+
+    def _record_token(self, st: _ReqState, token_id: int) -> None:
         st.num_output += 1
         if st.has_penalties:
             self._pen_add(st, int(token_id), 1)
@@ -257,15 +283,8 @@ class SamplingInputBuilder:
     def variant_of(self, req_ids: Sequence[str]) -> SamplerVariant:
         """The cheapest of `variants()` that covers what these requests need: compute it once
         per step and pass it to build()."""
-        states = [self._reqs[r] for r in req_ids]
-        sampling = [s for s in states if not s.greedy]
-        need = SamplerVariant(
-            random=bool(sampling),
-            filters=any(s.top_k > 0 or s.top_p < 1.0 for s in sampling),
-            processors=any(s.processors for s in states),
-            logprobs=any(s.params.logprobs is not None for s in states),
-            structured=any(s.structured for s in states))
-        return covering_variant(need, self._variants)
+        need = self._rows.need[self._rows.slots(req_ids)].any(axis=0)
+        return covering_variant(SamplerVariant(*map(bool, need)), self._variants)
 
     def build(self, req_ids: Sequence[str], num_rows: int,
               variant: SamplerVariant | None = None) -> SamplingMetadata:
@@ -286,7 +305,6 @@ class SamplingInputBuilder:
             raise ValueError(f"{n} requests do not fit in {num_rows} rows")
         if variant is None:
             variant = self.variant_of(req_ids)
-        states = [self._reqs[r] for r in req_ids]
         r, v = num_rows, self.vocab_size
         # Greedy and padding rows: temperature 1, no filters, min_p = 1 (only the max survives)
         # with the smallest uniform (the first max: jnp.argmax's tie rule). In a random batch
@@ -297,15 +315,13 @@ class SamplingInputBuilder:
             "top_p": np.ones(r, np.float32), "min_p": np.ones(r, np.float32),
             "uniform": np.full(r, _MIN_UNIFORM, np.float32)}
         if n:
-            f["temperature"][:n] = [s.temperature for s in states]
-            f["top_k"][:n] = [s.top_k for s in states]
-            f["top_p"][:n] = [s.top_p for s in states]
-            f["min_p"][:n] = [s.min_p for s in states]
-            u = row_uniforms(np.array([s.stream for s in states], np.uint64),
-                             np.array([s.num_output for s in states], np.uint64))
-            f["uniform"][:n] = np.where([s.greedy for s in states], _MIN_UNIFORM, u)
+            rows, idx = self._rows, self._rows.slots(req_ids)
+            for name in ("temperature", "top_k", "top_p", "min_p"):
+                f[name][:n] = getattr(rows, name)[idx]
+            u = row_uniforms(rows.stream[idx], rows.num_output[idx])
+            f["uniform"][:n] = np.where(rows.greedy[idx], _MIN_UNIFORM, u)
         if variant.processors:
-            self._fill_processors(f, states, r, v)
+            self._fill_processors(f, [self._reqs[q] for q in req_ids], r, v)
         if variant.structured:  # every token allowed; the runner fills the constrained rows
             f["bitmask"] = np.full((r, bitmask_width(v)), -1, np.int32)
         return HostArrays(f, variant, self.max_logprobs, self.num_candidates)

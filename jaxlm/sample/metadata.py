@@ -125,15 +125,48 @@ jax.tree_util.register_dataclass(
 
 @dataclasses.dataclass
 class HostArrays:
-    """Numpy twin of SamplingMetadata, filled by the builder and shipped with one device_put."""
+    """Numpy twin of SamplingMetadata, filled by the builder: packed() for the runner (one int32
+    buffer), to_device() for callers that want the arrays on the device as a pytree."""
 
     fields: dict[str, np.ndarray]
     variant: SamplerVariant
     max_logprobs: int
     num_candidates: int
 
+    @property
+    def num_rows(self) -> int:
+        return int(self.fields["temperature"].shape[0])
+
+    def layout(self) -> tuple[tuple[str, tuple[int, ...], str], ...]:
+        """(field, shape, dtype) of each array in packed(): static per (rows, variant)."""
+        return tuple((k, a.shape, a.dtype.str) for k, a in self.fields.items())
+
+    def packed(self) -> np.ndarray:
+        """Every field in one int32 buffer (floats bit-cast, bools widened): one transfer
+        with the body's inputs instead of one per array; unpack_metadata reverses it."""
+        parts = [a.view(np.int32) if a.dtype == np.float32 else a.astype(np.int32, copy=False)
+                 for a in self.fields.values()]
+        return np.concatenate([p.ravel() for p in parts])
+
     def to_device(self, sharding=None) -> SamplingMetadata:
         arrays = place_inputs(self.fields, sharding)
         return SamplingMetadata(**arrays, variant=self.variant, max_logprobs=self.max_logprobs,
                                 num_candidates=self.num_candidates)
 
+
+
+def unpack_metadata(flat: jax.Array, layout: tuple[tuple[str, tuple[int, ...], str], ...],
+                    variant: SamplerVariant, max_logprobs: int, num_candidates: int) -> SamplingMetadata:
+    """Inside jit: HostArrays.packed()'s buffer -> SamplingMetadata (layout from HostArrays.layout())."""
+    arrays, offset = {}, 0
+    for name, shape, dtype in layout:
+        n = int(np.prod(shape, dtype=np.int64))
+        x = flat[offset:offset + n].reshape(shape)
+        offset += n
+        dt = np.dtype(dtype)
+        if dt == np.float32:
+            x = jax.lax.bitcast_convert_type(x, jax.numpy.float32)
+        elif dt == np.bool_:
+            x = x != 0
+        arrays[name] = x
+    return SamplingMetadata(**arrays, variant=variant, max_logprobs=max_logprobs, num_candidates=num_candidates)

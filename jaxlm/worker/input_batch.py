@@ -7,15 +7,23 @@ step) numpy work and no per-request Python objects beyond the req_id -> row map.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
 from jaxlm.core.sched_output import NewRequestData, SchedulerOutput
 
 
+# The body's per-step int32 inputs, in their order in StepInputs.packed (one host->device
+# transfer instead of one per array: measured on CPU ~100 us vs ~500 us for 9 arrays).
+STEP_FIELDS = ("input_ids", "positions", "slot_mapping", "token_to_req", "block_tables", "seq_lens",
+               "context_lens", "query_start_loc", "logits_indices", "prev_idx")
+
+
 @dataclasses.dataclass
 class StepInputs:
-    """Flat, padded inputs of one step (host numpy), in the order of `req_ids`."""
+    """Flat, padded inputs of one step (host numpy), in the order of `req_ids`. The arrays are
+    views into `packed`, which holds them back to back in STEP_FIELDS order."""
 
     req_ids: list[str]
     input_ids: np.ndarray  # [T_pad]
@@ -30,6 +38,8 @@ class StepInputs:
     # Requests whose last scheduled token is the sequence's last: they sample this step.
     sample_req_ids: list[str]
     logits_indices: np.ndarray  # [S_cap] flat index of each sampling request's last token
+    prev_idx: np.ndarray  # [T_pad] row of the previous step's device tokens feeding this token, or -1
+    packed: np.ndarray  # [sum of the above] int32
 
 
 class InputBatch:
@@ -47,7 +57,12 @@ class InputBatch:
         self.num_computed_tokens = np.zeros(max_num_reqs, np.int32)
         self.block_table = np.zeros((max_num_reqs, self.max_pages), np.int32)
         self.num_blocks = np.zeros(max_num_reqs, np.int32)
+        # A token sampled by a step whose output is not back yet (async scheduling): its
+        # position (-1: none) and its row in that step's sampled tokens on the device.
+        self.pending_pos = np.full(max_num_reqs, -1, np.int32)
+        self.pending_idx = np.zeros(max_num_reqs, np.int32)
         self.req_id_to_row: dict[str, int] = {}
+        self._layouts: dict[tuple[int, int, int], tuple[int, list]] = {}
         self._free_rows = list(range(max_num_reqs - 1, -1, -1))
 
     def __len__(self) -> int:
@@ -64,6 +79,7 @@ class InputBatch:
         self.num_prompt_tokens[row] = len(new.prompt_token_ids)
         self.num_computed_tokens[row] = new.num_computed_tokens
         self.num_blocks[row] = 0
+        self.pending_pos[row] = -1
         self.append_blocks(row, new.block_ids)
         return row
 
@@ -81,6 +97,27 @@ class InputBatch:
         self.token_ids[row, self.num_tokens[row]] = token_id
         self.num_tokens[row] += 1
 
+    def append_placeholders(self, req_ids: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """One token each, sampled but not on the host yet (the i-th of the step's sampled
+        tokens); returns (rows, positions) for fill_placeholders."""
+        rows = np.fromiter((self.req_id_to_row[r] for r in req_ids), np.int64, len(req_ids))
+        pos = self.num_tokens[rows].copy()
+        self.pending_pos[rows] = pos
+        self.pending_idx[rows] = np.arange(len(req_ids), dtype=np.int32)
+        self.num_tokens[rows] += 1
+        return rows, pos
+
+    def fill_placeholders(self, req_ids: list[str], rows: np.ndarray, pos: np.ndarray,
+                          token_ids: np.ndarray) -> np.ndarray:
+        """The sampled tokens are back: write them where each request still holds its row;
+        returns that mask (a request that left meanwhile is skipped)."""
+        live = np.fromiter((self.req_id_to_row.get(r, -1) == row for r, row in zip(req_ids, rows.tolist())),
+                           np.bool_, len(req_ids))
+        rows, pos = rows[live], pos[live]
+        self.token_ids[rows, pos] = token_ids[live]
+        self.pending_pos[rows] = np.where(self.pending_pos[rows] == pos, -1, self.pending_pos[rows])
+        return live
+
     def update_states(self, so: SchedulerOutput) -> list[str]:
         """Apply the scheduler's view; returns the req_ids that left (finished or preempted)."""
         gone = [r for r in (so.finished_req_ids | so.preempted_req_ids) if r in self.req_id_to_row]
@@ -96,6 +133,27 @@ class InputBatch:
             self.num_computed_tokens[row] = computed
         return gone
 
+    def step_shapes(self, num_tokens_padded: int, num_rows_padded: int,
+                    sample_capacity: int) -> dict[str, tuple[int, ...]]:
+        """The shape of each of StepInputs' arrays, in STEP_FIELDS order."""
+        T, R = num_tokens_padded, num_rows_padded
+        dims = dict(input_ids=(T,), positions=(T,), slot_mapping=(T,), token_to_req=(T,),
+                    block_tables=(R, self.max_pages), seq_lens=(R,), context_lens=(R,),
+                    query_start_loc=(R + 1,), logits_indices=(sample_capacity,), prev_idx=(T,))
+        return {name: dims[name] for name in STEP_FIELDS}
+
+    def _layout(self, T: int, R: int, S: int) -> tuple[int, list[tuple[str, int, int, tuple[int, ...]]]]:
+        """(size, [(field, start, stop, shape)]) of the packed buffer, computed once per bucket."""
+        key = (T, R, S)
+        if key not in self._layouts:
+            layout, offset = [], 0
+            for f, shape in self.step_shapes(T, R, S).items():
+                n = math.prod(shape)
+                layout.append((f, offset, offset + n, shape))
+                offset += n
+            self._layouts[key] = (offset, layout)
+        return self._layouts[key]
+
     def prepare_inputs(
         self, so: SchedulerOutput, num_tokens_padded: int, num_rows_padded: int, sample_capacity: int
     ) -> StepInputs:
@@ -107,7 +165,11 @@ class InputBatch:
         req_ids, rows, start = [req_ids[i] for i in order], rows[order], start[order]
         n_sched = np.array([so.num_scheduled_tokens[r] for r in req_ids], np.int32)
         R, T, bs = len(req_ids), int(n_sched.sum()), self.block_size
-        cu = np.zeros(num_rows_padded + 1, np.int32)
+        size, layout = self._layout(num_tokens_padded, num_rows_padded, sample_capacity)
+        packed = np.zeros(size, np.int32)
+        # Views: filled in place, sent as one buffer.
+        x = {f: packed[start:stop].reshape(shape) for f, start, stop, shape in layout}
+        cu = x["query_start_loc"]
         cu[1 : R + 1] = np.cumsum(n_sched)
         cu[R + 1 :] = T
 
@@ -116,38 +178,24 @@ class InputBatch:
         tok_rows = rows[tok_req]
         blocks = self.block_table[tok_rows, positions // bs]
 
-        pad = num_tokens_padded - T
-        input_ids = np.pad(self.token_ids[tok_rows, positions], (0, pad))
-        slot_mapping = np.pad(blocks * bs + positions % bs, (0, pad), constant_values=-1)
-        positions = np.pad(positions, (0, pad))
-        token_to_req = np.pad(tok_req, (0, pad), constant_values=max(R - 1, 0))
-
-        block_tables = np.zeros((num_rows_padded, self.max_pages), np.int32)
-        block_tables[:R] = self.block_table[rows]
-        seq_lens = np.zeros(num_rows_padded, np.int32)
-        seq_lens[:R] = start + n_sched
-        context_lens = np.zeros(num_rows_padded, np.int32)
-        context_lens[:R] = start
+        x["input_ids"][:T] = self.token_ids[tok_rows, positions]
+        x["slot_mapping"][:T] = blocks * bs + positions % bs
+        x["slot_mapping"][T:] = -1
+        x["positions"][:T] = positions
+        x["token_to_req"][:T] = tok_req
+        x["token_to_req"][T:] = max(R - 1, 0)
+        x["prev_idx"][:T] = np.where(positions == self.pending_pos[tok_rows], self.pending_idx[tok_rows], -1)
+        x["prev_idx"][T:] = -1
+        x["block_tables"][:R] = self.block_table[rows]
+        x["seq_lens"][:R] = start + n_sched
+        x["context_lens"][:R] = start
 
         # A request samples when this step reaches the end of its known tokens.
         samples = (start + n_sched) == self.num_tokens[rows]
         sample_idx = np.flatnonzero(samples)
-        logits_indices = np.zeros(sample_capacity, np.int32)
-        logits_indices[: len(sample_idx)] = cu[sample_idx + 1] - 1
-        return StepInputs(
-            req_ids=req_ids,
-            input_ids=input_ids.astype(np.int32),
-            positions=positions.astype(np.int32),
-            slot_mapping=slot_mapping.astype(np.int32),
-            token_to_req=token_to_req.astype(np.int32),
-            block_tables=block_tables,
-            seq_lens=seq_lens,
-            context_lens=context_lens,
-            query_start_loc=cu,
-            num_tokens=T,
-            sample_req_ids=[req_ids[i] for i in sample_idx],
-            logits_indices=logits_indices,
-        )
+        x["logits_indices"][: len(sample_idx)] = cu[sample_idx + 1] - 1
+        return StepInputs(req_ids=req_ids, num_tokens=T, sample_req_ids=[req_ids[i] for i in sample_idx],
+                          packed=packed, **x)
 
     def next_token_ids(self, inputs: StepInputs) -> np.ndarray:
         """[T_pad] the token after each scheduled position (what it predicts); 0 on padding."""

@@ -27,8 +27,13 @@ mask needs the previous step's token; only the sampler, a separate dispatch, nee
 then advances the matchers with the sampled tokens and reports the requests whose grammar
 accepts nothing more (ModelRunnerOutput.grammar_terminated_req_ids).
 
-A step sends its body inputs as one packed int32 buffer (positions once, inside the attention
-metadata) and its sampling metadata as a second transfer.
+A lean step (issue 14; docs/ARCHITECTURE.md): the body's int32 inputs and the sampler's
+metadata are two packed host buffers built before the body is dispatched, handed to the
+compiled programs as they are (their C++ call path copies them: no jax.device_put); a
+constrained step fills its mask after the body's dispatch. The programs take the model
+state's leaves, flattened once at load.
+execute_model(so, non_block=True) returns a StepHandle once the step is dispatched (async
+scheduling); `step_timer` (benchmarks only) gets a lap at each boundary of the step.
 """
 
 from __future__ import annotations
@@ -47,11 +52,11 @@ from tqdm import tqdm
 
 from jaxlm.attention.metadata import AttentionMetadata
 from jaxlm.config import EngineConfig
-from jaxlm.core.outputs import LogprobsLists, ModelRunnerOutput
+from jaxlm.core.outputs import ModelRunnerOutput
 from jaxlm.core.sched_output import SchedulerOutput
 from jaxlm.executor.distributed import place_inputs
 from jaxlm.sample.builder import SamplingInputBuilder
-from jaxlm.sample.metadata import SERVING_VARIANTS, SamplerVariant
+from jaxlm.sample.metadata import SERVING_VARIANTS, HostArrays, SamplerVariant, unpack_metadata
 from jaxlm.sample.sampler import compute_prompt_logprobs, sample
 from jaxlm.sampling_params import SamplingParams
 from jaxlm.worker.buckets import (
@@ -60,16 +65,17 @@ from jaxlm.worker.buckets import (
 from jaxlm.worker.grammar_rows import GrammarRows
 from jaxlm.worker.input_batch import InputBatch, StepInputs
 from jaxlm.worker.prompt_logprobs import PromptLogprobsTracker
+from jaxlm.worker.step_handle import StepHandle
 
 logger = logging.getLogger(__name__)
 
 # Static kinds of the body program (see the module docstring).
 MIXED, DECODE, PROMPT_LOGPROBS = "mixed", "decode", "prompt_logprobs"
-# The body's per-step int32 inputs travel as one flat buffer, in this order: one host->device
-# transfer instead of one per array (measured on CPU: ~100 us vs ~500 us for 9 arrays).
+# The attention metadata's fields among the body's packed inputs (input_batch.STEP_FIELDS).
+# prev_idx: per token, the row of the previous step's sampled tokens (device-resident) that is
+# its input id, or -1 (async scheduling: that token is not on the host yet).
 _MD_FIELDS = ("positions", "slot_mapping", "token_to_req", "block_tables", "seq_lens",
               "context_lens", "query_start_loc")
-_STEP_FIELDS = ("input_ids", *_MD_FIELDS, "logits_indices")
 
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
@@ -119,6 +125,7 @@ class ModelRunner:
         # mesh (the same sharding at warm-up and serving: no resharding, no recompile).
         self._replicated = (jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
                             if mesh is not None and mesh.size > 1 else None)
+        self._multiprocess = jax.process_count() > 1
         sched = config.scheduler_config
         self.block_size = config.cache_config.block_size
         self.max_model_len = sched.max_model_len
@@ -127,6 +134,8 @@ class ModelRunner:
         # From the model's own args: under tensor parallel they may hold replicated KV heads.
         self.kv_cache_spec = type(model).kv_cache_spec(model.args)
         self.graphdef, self.params = nnx.split(model)
+        # Flattened once: the programs take the leaves as a flat list (see the module docstring).
+        self._param_leaves, self._param_treedef = jax.tree.flatten(self.params)
         self.kernel_constraints = kernel_constraints(model, self.block_size, self.kv_cache_spec.head_dim)
         c = self.kernel_constraints
         comp = config.compilation_config
@@ -161,6 +170,8 @@ class ModelRunner:
         # Padding waste: real vs computed tokens, rows, pages, samples (scripts/bench.py reports it).
         self.padding = PaddingStats()
         self._in_step = False
+        # Benchmarks only: an object with mark() and lap(part) (scripts/bench_host.py StepTimer).
+        self.step_timer: Any | None = None
         # req_id -> error text, for requests that fail alone (reported in the step's output).
         self._failed_reqs: dict[str, str] = {}
         _register_compile_listener(self)
@@ -200,22 +211,21 @@ class ModelRunner:
                 PROMPT_LOGPROBS: self.prompt_logprobs_buckets}
 
     def _step_shapes(self, T: int, kind: str) -> dict[str, tuple[int, ...]]:
-        """Shapes of the body's packed inputs for token bucket T (see _STEP_FIELDS)."""
-        R = self._rows_for(T)
-        dims = dict(input_ids=(T,), positions=(T,), slot_mapping=(T,), token_to_req=(T,),
-                    block_tables=(R, self.input_batch.max_pages), seq_lens=(R,), context_lens=(R,),
-                    query_start_loc=(R + 1,), logits_indices=(self.sample_capacity,))
-        shapes = {name: dims[name] for name in _STEP_FIELDS}
+        """Shapes of the body's packed inputs for token bucket T (input_batch.STEP_FIELDS)."""
+        shapes = self.input_batch.step_shapes(T, self._rows_for(T), self.sample_capacity)
         if kind == PROMPT_LOGPROBS:
             shapes["next_token_ids"] = (T,)
         return shapes
 
     def _body_fn(self, T: int, kind: str) -> Callable:
         graphdef, k, replicated = self.graphdef, self.sampling.max_logprobs, self._replicated
-        shapes = self._step_shapes(T, kind)
+        shapes, treedef = self._step_shapes(T, kind), self._param_treedef
 
-        def body(params, kv_caches, packed):
+        def body(leaves, kv_caches, packed, prev_tokens):
+            params = jax.tree.unflatten(treedef, leaves)
             x = _unpack(packed, shapes)
+            idx = x["prev_idx"]
+            x["input_ids"] = jnp.where(idx >= 0, prev_tokens[jnp.maximum(idx, 0)], x["input_ids"])
             # max_query_len is static: a kernel backend traces its decode kernel for DECODE.
             md = AttentionMetadata(**{f: x[f] for f in _MD_FIELDS}, max_query_len=1 if kind == DECODE else None)
             model = nnx.merge(graphdef, params)
@@ -231,15 +241,27 @@ class ModelRunner:
 
         return body
 
-    def _sample_fn(self, num_rows: int) -> Callable:
-        graphdef, replicated = self.graphdef, self._replicated
+    def _sample_fn(self, num_rows: int, md: HostArrays) -> Callable:
+        merge, replicated, treedef = self._merge_for_sampler, self._replicated, self._param_treedef
+        layout, static = md.layout(), (md.variant, md.max_logprobs, md.num_candidates)
+        pad = self.sample_capacity - num_rows
 
-        def logits_and_sample(params, hidden, sampling_md):
-            model = nnx.merge(graphdef, params)
+        def logits_and_sample(leaves, hidden, packed_md):
+            sampling_md = unpack_metadata(packed_md, layout, *static)
+            model = merge(jax.tree.unflatten(treedef, leaves))
             logits = model.compute_logits(hidden[:num_rows])
-            return sample(gathered(logits, replicated), sampling_md)
+            out = sample(gathered(logits, replicated), sampling_md)
+            # The next step's decode rows read their input ids from here (async scheduling).
+            tokens = jnp.pad(out.sampled_token_ids, (0, pad))
+            if replicated is not None:
+                tokens = jax.lax.with_sharding_constraint(tokens, replicated)
+            return out, tokens
 
         return logits_and_sample
+
+    def _merge_for_sampler(self, params: Any) -> nnx.Module:
+        """The model the sampler traces (the pipeline runner adds the other stages' abstract params)."""
+        return nnx.merge(self.graphdef, params)
 
     def _abstract_packed(self, T: int, kind: str) -> jax.ShapeDtypeStruct:
         size = sum(math.prod(shape) for shape in self._step_shapes(T, kind).values())
@@ -250,21 +272,25 @@ class ModelRunner:
         start = time.perf_counter()
         spec = lambda tree: jax.tree.map(  # noqa: E731
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
-        kv_spec, params_spec = spec(self.kv_caches), spec(self.params)
+        kv_spec, params_spec = spec(self.kv_caches), spec(self._param_leaves)
         body_jit = lambda T, kind: jax.jit(self._body_fn(T, kind), donate_argnums=(1,))  # noqa: E731
         T0 = self.token_buckets[0]
-        hidden_sel, _ = jax.eval_shape(body_jit(T0, MIXED), params_spec, kv_spec, self._abstract_packed(T0, MIXED))
+        hidden_sel, _ = jax.eval_shape(body_jit(T0, MIXED), params_spec, kv_spec, self._abstract_packed(T0, MIXED),
+                                       jax.ShapeDtypeStruct((self.sample_capacity,), jnp.int32))
         hidden_sel = jax.ShapeDtypeStruct(hidden_sel.shape, hidden_sel.dtype, sharding=self._replicated)
+        self._last_tokens = self._put(np.zeros(self.sample_capacity, np.int32))
+        tokens_spec = jax.ShapeDtypeStruct((self.sample_capacity,), jnp.int32, sharding=self._replicated)
         jobs = [("body", (T, kind)) for kind, buckets in self.body_buckets().items() for T in buckets]
         jobs += [("sample", (S, v)) for S in self.seq_buckets for v in self.sampling.variants()]
         for what, key in tqdm(jobs, desc="Compiling buckets", unit="program"):
             if what == "body":
-                lowered = body_jit(*key).lower(params_spec, kv_spec, self._abstract_packed(*key))
+                lowered = body_jit(*key).lower(params_spec, kv_spec, self._abstract_packed(*key), tokens_spec)
                 self._body[key] = lowered.compile()
             else:
                 S, variant = key
-                md_spec = self.sampling.build_host([], S, variant).to_device(self._replicated)
-                fn = jax.jit(self._sample_fn(S))
+                md = self.sampling.build_host([], S, variant)
+                md_spec = jax.ShapeDtypeStruct(md.packed().shape, jnp.int32, sharding=self._replicated)
+                fn = jax.jit(self._sample_fn(S, md))
                 self._sample[key] = fn.lower(params_spec, hidden_sel, md_spec).compile()
         self.num_programs = len(self._body) + len(self._sample)
         self.warmup_seconds = time.perf_counter() - start
@@ -272,10 +298,14 @@ class ModelRunner:
 
     # ---- one step -------------------------------------------------------------------------
 
-    def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+    def execute_model(self, so: SchedulerOutput, non_block: bool = False) -> ModelRunnerOutput | StepHandle:
+        """Run one step. non_block: return once it is dispatched, with a StepHandle whose
+        result() waits for the tokens (async scheduling: the next step may be dispatched
+        first; its decode rows take their input ids from this step's tokens on the device)."""
         self._in_step = True
         try:
-            return self._execute_model(so)
+            handle = self._dispatch(so)
+            return handle if non_block else handle.result()
         finally:
             self._in_step = False
 
@@ -301,34 +331,35 @@ class ModelRunner:
             return DECODE  # one token per request
         return MIXED
 
-    def _execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+    def _dispatch(self, so: SchedulerOutput) -> StepHandle:
         self._update_states(so)
         if so.total_num_scheduled_tokens == 0:
-            return ModelRunnerOutput.empty()
+            return StepHandle(self, None)
 
-        inputs, hidden, prompt_logprobs = self._run_body(so)
-        sampled, logprobs = self._sample_tokens(inputs, hidden)
-        return ModelRunnerOutput(
-            req_ids=inputs.req_ids,
-            req_id_to_index={r: i for i, r in enumerate(inputs.req_ids)},
-            sampled_token_ids=[[sampled[r]] if r in sampled else [] for r in inputs.req_ids],
-            logprobs=logprobs,
-            prompt_logprobs=prompt_logprobs,
-            failed_req_ids=self._take_failed(inputs.req_ids),
-            grammar_terminated_req_ids=self.grammars.advance(sampled),
-        )
+        if self.step_timer:
+            self.step_timer.mark()
+        inputs, hidden, prompt_rows, sampling, md_in = self._run_body(so)
+        out, placed = self._dispatch_sampler(inputs, hidden, sampling, md_in)
+        return StepHandle(self, inputs, out, placed, prompt_rows)
 
-    def _run_body(self, so: SchedulerOutput) -> tuple[StepInputs, jax.Array, dict[str, LogprobsLists]]:
-        """The step's body: its inputs, the sampling rows' hidden states, prompt logprobs owed
-        (the pipeline runner overrides it to run stages over micro-batches)."""
+    def _run_body(self, so: SchedulerOutput) -> tuple[StepInputs, jax.Array, Any, HostArrays | None, Any]:
+        """Dispatch the step's body: its inputs, the sampling rows' hidden states, the raw prompt
+        logprob rows (or None), and the sampler's host metadata and input, built before the body
+        (the pipeline runner overrides this to run its stages over micro-batches)."""
+        timer = self.step_timer
         kind = self._body_kind(so)
         T = pick_bucket(so.total_num_scheduled_tokens, self.body_buckets()[kind])
         inputs = self.input_batch.prepare_inputs(so, T, self._rows_for(T), self.sample_capacity)
         self._record_padding(inputs, T)
-        outs = self._body[(T, kind)](self.params, self.kv_caches, *self._device_inputs(inputs, kind))
+        sampling = self._sampling_inputs(inputs)  # before the body: nothing between the dispatches
+        if timer:
+            timer.lap("prepare")
+        body_in, md_in = self._device_inputs(inputs, kind, sampling)
+        if timer:
+            timer.lap("transfer")
+        outs = self._body[(T, kind)](self._param_leaves, self.kv_caches, body_in, self._last_tokens)
         hidden, self.kv_caches = outs[0], outs[-1]
-        prompt_logprobs = self._prompt_logprobs(inputs, outs[1]) if kind == PROMPT_LOGPROBS else {}
-        return inputs, hidden, prompt_logprobs
+        return inputs, hidden, outs[1] if kind == PROMPT_LOGPROBS else None, sampling, md_in
 
     def _record_padding(self, inputs: StepInputs, T: int) -> None:
         R, num_rows = self._rows_for(T), len(inputs.req_ids)
@@ -352,50 +383,56 @@ class ModelRunner:
             return {}
         return {r: self._failed_reqs.pop(r) for r in req_ids if r in self._failed_reqs}
 
-    def _sample_tokens(self, inputs: StepInputs, hidden: jax.Array) -> tuple[dict[str, int], LogprobsLists | None]:
+    def _sampling_inputs(self, inputs: StepInputs) -> HostArrays | None:
+        """The step's sampler metadata (host), or None when no request samples."""
         if not inputs.sample_req_ids:
-            return {}, None
-        n = len(inputs.sample_req_ids)
-        S = pick_bucket(n, self.seq_buckets)
+            return None
+        S = pick_bucket(len(inputs.sample_req_ids), self.seq_buckets)
         variant = self.sampling.variant_of(inputs.sample_req_ids)  # once per step
-        host_md = self.sampling.build_host(inputs.sample_req_ids, S, variant)
-        self.grammars.fill_bitmask(host_md.fields, inputs.sample_req_ids)  # while the body runs
-        out = self._sample[(S, variant)](self.params, hidden, host_md.to_device(self._replicated))
+        return self.sampling.build_host(inputs.sample_req_ids, S, variant)
+
+    def _dispatch_sampler(self, inputs: StepInputs, hidden: jax.Array, host_md: HostArrays | None,
+                          md_in: jax.Array | None) -> Any:
+        """Dispatch the sampler; the sampled rows get placeholder tokens (StepHandle.result fills them)."""
+        timer = self.step_timer
+        if host_md is None:
+            if timer:
+                timer.lap("dispatch")
+            return None, None
+        n, S = len(inputs.sample_req_ids), host_md.num_rows
+        if md_in is None:  # constrained: the mask is filled while the body runs, then sent
+            self.grammars.fill_bitmask(host_md.fields, inputs.sample_req_ids)
+            md_in = self._place(host_md.packed())
+        out, self._last_tokens = self._sample[(S, host_md.variant)](self._param_leaves, hidden, md_in)
         self.padding.record_samples(n, S)
-        token_ids = np.asarray(out.sampled_token_ids)[:n].tolist()
-        sampled = dict(zip(inputs.sample_req_ids, token_ids))
-        for req_id, tok in sampled.items():
-            self.input_batch.append_token(self.input_batch.req_id_to_row[req_id], tok)
-            self.sampling.append_output(req_id, tok)
-        logprobs = self._logprobs_rows(inputs, out, n) if out.logprob_token_ids is not None else None
-        return sampled, logprobs
+        placed = self.input_batch.append_placeholders(inputs.sample_req_ids)
+        self.sampling.count_outputs(inputs.sample_req_ids)
+        if timer:
+            timer.lap("dispatch")
+        return out, placed
 
-    def _prompt_logprobs(self, inputs: StepInputs, rows: Any) -> dict[str, LogprobsLists]:
-        """Logprobs of the prompt positions computed this step that were not delivered yet."""
-        ids, lps, ranks = jax.device_get(rows)
-        out = {}
-        for i in self.prompt_logprobs.wanted(inputs.req_ids):
-            req_id = inputs.req_ids[i]
-            start, stop = int(inputs.query_start_loc[i]), int(inputs.query_start_loc[i + 1])
-            step_rows = LogprobsLists(ids[start:stop], lps[start:stop], ranks[start:stop])
-            out[req_id] = self.prompt_logprobs.take(req_id, int(inputs.positions[start]), stop - start, step_rows)
-        return out
-
-    @staticmethod
-    def _logprobs_rows(inputs: StepInputs, out: Any, n: int) -> LogprobsLists:
-        """Sampler rows -> rows aligned with inputs.req_ids (zeros where nothing was sampled)."""
-        ids, lps, ranks = (np.asarray(a)[:n] for a in (out.logprob_token_ids, out.logprobs, out.sampled_token_ranks))
-        pos = {r: i for i, r in enumerate(inputs.req_ids)}
-        where = np.array([pos[r] for r in inputs.sample_req_ids])
-        full = lambda a: np.zeros((len(inputs.req_ids),) + a.shape[1:], a.dtype)  # noqa: E731
-        all_ids, all_lps, all_ranks = full(ids), full(lps), full(ranks)
-        all_ids[where], all_lps[where], all_ranks[where] = ids, lps, ranks
-        return LogprobsLists(token_ids=all_ids, logprobs=all_lps, ranks=all_ranks)
-
-    def _device_inputs(self, x: StepInputs, kind: str) -> tuple[jax.Array]:
-        """The body's step arguments: its int32 inputs packed in one buffer, one transfer."""
-        arrays = [getattr(x, name) for name in _STEP_FIELDS]
+    def _device_inputs(self, x: StepInputs, kind: str,
+                       host_md: HostArrays | None) -> tuple[Any, Any]:
+        """The body's int32 inputs in one buffer and, unless the step is constrained (its mask
+        is filled later), the sampler's. Host buffers, given to the compiled programs as they
+        are: the executable's C++ call path copies them to the device (measured on CPU: 7 us
+        per call against ~50 us for a jax.device_put of both first)."""
+        packed = x.packed
         if kind == PROMPT_LOGPROBS:
-            arrays.append(self.input_batch.next_token_ids(x))
-        packed = np.concatenate([a.ravel() for a in arrays])
-        return (place_inputs(packed, self._replicated),)
+            packed = np.concatenate([packed, self.input_batch.next_token_ids(x)])
+        return self._place(packed), self._sampler_input(host_md)
+
+    def _sampler_input(self, host_md: HostArrays | None) -> Any:
+        """The sampler's packed metadata, or None when there is none yet (no sampled row, or a
+        constrained step whose mask is filled while the body runs)."""
+        if host_md is None or host_md.variant.structured:
+            return None
+        return self._place(host_md.packed())
+
+    def _place(self, host: np.ndarray) -> Any:
+        """Host buffers go to the programs as they are, but over several processes a program
+        takes only global arrays: each node assembles its copy (executor/distributed.py)."""
+        return place_inputs(host, self._replicated) if self._multiprocess else host
+
+    def _put(self, x: Any) -> Any:
+        return place_inputs(x, self._replicated)

@@ -36,15 +36,15 @@ from tqdm import tqdm
 
 from jaxlm.attention.metadata import AttentionMetadata
 from jaxlm.config import EngineConfig
-from jaxlm.core.outputs import LogprobsLists
 from jaxlm.core.sched_output import SchedulerOutput
 from jaxlm.models.base import pipeline_param_stages, run_stage
 from jaxlm.models.utils import STAGE_AXIS, stage_mesh
-from jaxlm.sample.sampler import compute_prompt_logprobs, sample
+from jaxlm.sample.metadata import HostArrays
+from jaxlm.sample.sampler import compute_prompt_logprobs
 from jaxlm.worker.buckets import pick_bucket
 from jaxlm.worker.input_batch import StepInputs
 from jaxlm.worker.model_runner import (
-    _MD_FIELDS, _STEP_FIELDS, DECODE, MIXED, PROMPT_LOGPROBS, ModelRunner, _unpack, gathered)
+    _MD_FIELDS, DECODE, MIXED, PROMPT_LOGPROBS, ModelRunner, _unpack, gathered)
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +82,7 @@ class PipelineModelRunner(ModelRunner):
         self.stage_params, self._abstract_rest = self._split_params(model)
         # The sampler reads the last stage's params (LM head, final norm, tied embedding).
         self.params = self.stage_params[-1]
+        self._param_leaves, self._param_treedef = jax.tree.flatten(self.params)
         self._stage_body: list[dict[tuple[int, str], Any]] = [{} for _ in range(self.pp)]
         self._acc0: jax.Array | None = None
         self.num_micro_batches = self.pp
@@ -159,14 +160,8 @@ class PipelineModelRunner(ModelRunner):
 
         return stage
 
-    def _sample_fn(self, num_rows: int) -> Callable:
-        graphdef, rest, replicated = self.graphdef, self._abstract_rest[-1], self._replicated
-
-        def logits_and_sample(params, hidden, sampling_md):
-            model = nnx.merge(graphdef, params, rest)
-            return sample(gathered(model.compute_logits(hidden[:num_rows]), replicated), sampling_md)
-
-        return logits_and_sample
+    def _merge_for_sampler(self, params: Any) -> nnx.Module:
+        return nnx.merge(self.graphdef, params, self._abstract_rest[-1])
 
     def warm_up(self) -> None:
         """Compile every stage's programs for every body bucket, and the samplers, ahead of serving."""
@@ -182,13 +177,15 @@ class PipelineModelRunner(ModelRunner):
         x0, _ = jax.eval_shape(self._stage_fn(0, T0, MIXED), params[0], kv[0], packed(0, T0, MIXED))
         hidden_size, dtype = x0.shape[1], x0.dtype
         self._acc0 = jnp.zeros((self.sample_capacity, hidden_size), dtype, device=self._replicated)
-        acc = _abstract(self._acc0)
+        self._last_tokens = self._put(np.zeros(self.sample_capacity, np.int32))  # unused: no async steps
+        acc, leaves = _abstract(self._acc0), _abstract(self._param_leaves)
         jobs = [(s, T, kind) for s in range(self.pp) for kind, buckets in self.body_buckets().items() for T in buckets]
         jobs += [(None, S, v) for S in self.seq_buckets for v in self.sampling.variants()]
         for s, key, kind in tqdm(jobs, desc="Compiling pipeline stages", unit="program"):
             if s is None:
-                md_spec = self.sampling.build_host([], key, kind).to_device(self._replicated)
-                self._sample[(key, kind)] = jax.jit(self._sample_fn(key)).lower(params[-1], acc, md_spec).compile()
+                md = self.sampling.build_host([], key, kind)
+                md_spec = jax.ShapeDtypeStruct(md.packed().shape, jnp.int32, sharding=self._replicated)
+                self._sample[(key, kind)] = jax.jit(self._sample_fn(key, md)).lower(leaves, acc, md_spec).compile()
                 continue
             args = [params[s], kv[s], packed(s, key, kind)]
             if s > 0:
@@ -211,20 +208,22 @@ class PipelineModelRunner(ModelRunner):
         n = len(inputs.sample_req_ids)
         dest = np.full(self.sample_capacity, self.sample_capacity, np.int32)  # out of range: dropped
         dest[:n] = offset + np.arange(n, dtype=np.int32)
-        arrays = [getattr(inputs, name) for name in _STEP_FIELDS]
-        if kind == PROMPT_LOGPROBS:
-            arrays.append(self.input_batch.next_token_ids(inputs))
-        packed = np.concatenate([a.ravel() for a in arrays] + [dest])
+        extra = [self.input_batch.next_token_ids(inputs)] if kind == PROMPT_LOGPROBS else []
+        packed = np.concatenate([inputs.packed, *extra, dest])
         # Every stage's copy sent before any stage is dispatched: one small transfer per stage.
         return T, inputs, [jax.device_put(packed, rep) for rep in self._stage_replicated]
 
-    def _run_body(self, so: SchedulerOutput) -> tuple[StepInputs, jax.Array, dict[str, LogprobsLists]]:
+    def _run_body(self, so: SchedulerOutput) -> tuple[StepInputs, jax.Array, Any, HostArrays | None, Any]:
         kind = self._body_kind(so)
         groups = split_micro_batches(so.num_scheduled_tokens, 1 if kind == PROMPT_LOGPROBS else self.num_micro_batches)
         batches, offset = [], 0
         for group in groups:
             batches.append(self._micro_batch(so, group, kind, offset))
             offset += len(batches[-1][1].sample_req_ids)
+        # The whole step as the sampler and the output see it (a prompt-logprobs step is one group).
+        step = dataclasses.replace(batches[0][1], req_ids=[r for b in batches for r in b[1].req_ids],
+                                   sample_req_ids=[r for b in batches for r in b[1].sample_req_ids])
+        sampling = self._sampling_inputs(step)  # before the stages: nothing between the dispatches
         M, last = len(batches), self.pp - 1
         carry: list[Any] = [None] * M
         acc, prompt_rows, schedule = self._acc0, None, []
@@ -247,7 +246,4 @@ class PipelineModelRunner(ModelRunner):
                     carry[m] = outs[0]
                 schedule.append((s, m))
         self.last_schedule = schedule
-        step = dataclasses.replace(batches[0][1], req_ids=[r for b in batches for r in b[1].req_ids],
-                                   sample_req_ids=[r for b in batches for r in b[1].sample_req_ids])
-        prompt_logprobs = self._prompt_logprobs(batches[0][1], prompt_rows) if prompt_rows is not None else {}
-        return step, acc, prompt_logprobs
+        return step, acc, prompt_rows, sampling, self._sampler_input(sampling)

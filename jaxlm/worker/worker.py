@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import numpy as np
 import psutil
@@ -9,7 +11,6 @@ import psutil
 from jaxlm.attention.backends import get_attention_backend
 from jaxlm.attention.sharded import shard_attention_backend
 from jaxlm.config import EngineConfig
-from jaxlm.core.outputs import ModelRunnerOutput
 from jaxlm.core.sched_output import SchedulerOutput
 from jaxlm.model_loader import get_jax_dtype, get_model
 from jaxlm.models.utils import STAGE_AXIS, stage_mesh
@@ -75,5 +76,7 @@ class Worker:
     def compile_or_warm_up_model(self) -> None:
         self.model_runner.warm_up()
 
-    def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        return self.model_runner.execute_model(scheduler_output)
+    def execute_model(self, scheduler_output: SchedulerOutput, non_block: bool = False) -> Any:
+        if non_block:
+            return self.model_runner.execute_model(scheduler_output, non_block=True)
+        return self.model_runner.execute_model(scheduler_output)  # the one-argument call wrappers expect

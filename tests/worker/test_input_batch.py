@@ -1,5 +1,6 @@
 """The persistent input batch flattens a step exactly as the attention metadata contract says."""
 
+import numpy as np
 
 from jaxlm.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
 from jaxlm.sampling_params import SamplingParams
@@ -97,3 +98,36 @@ def test_rows_with_context_come_first():
     assert x.req_ids == ["hit", "fresh"]
     assert x.context_lens[:2].tolist() == [8, 0] and x.input_ids.tolist() == [18, 1, 2, 3]
     assert x.sample_req_ids == ["hit", "fresh"] and x.logits_indices[:2].tolist() == [0, 3]
+
+
+def test_placeholder_tokens_come_from_the_previous_step_on_device():
+    """Async scheduling: a sampled token not back on the host yet is read from the previous
+    step's device tokens (prev_idx); when it arrives it is written where its request still
+    holds the row, and never into a row another request took meanwhile."""
+    batch = InputBatch(max_num_reqs=4, max_model_len=64, block_size=4)
+    so = SchedulerOutput(scheduled_new_reqs=[_new("a", [1, 2, 3], [5]), _new("b", [7, 8], [6])],
+                         scheduled_cached_reqs=CachedRequestData(),
+                         num_scheduled_tokens={"a": 3, "b": 2}, total_num_scheduled_tokens=5, finished_req_ids=set())
+    batch.update_states(so)
+    x = batch.prepare_inputs(so, 8, 4, 4)
+    assert x.sample_req_ids == ["a", "b"] and x.prev_idx.tolist() == [-1] * 8
+    assert x.packed.size == sum(a.size for a in (x.input_ids, x.positions, x.slot_mapping, x.token_to_req,
+                                                 x.block_tables, x.seq_lens, x.context_lens,
+                                                 x.query_start_loc, x.logits_indices, x.prev_idx))
+    placed = batch.append_placeholders(x.sample_req_ids)  # dispatched, tokens in flight
+    # The next step decodes both on their placeholders before the tokens are back.
+    so2 = SchedulerOutput(scheduled_new_reqs=[], scheduled_cached_reqs=CachedRequestData(["b", "a"], [[], []], [2, 3]),
+                          num_scheduled_tokens={"b": 1, "a": 1}, total_num_scheduled_tokens=2, finished_req_ids=set())
+    batch.update_states(so2)
+    y = batch.prepare_inputs(so2, 2, 2, 4)
+    assert y.req_ids == ["b", "a"] and y.prev_idx.tolist() == [1, 0] and y.sample_req_ids == ["b", "a"]
+    assert y.positions.tolist() == [2, 3]
+    # "b" leaves and "c" takes its row before step 1's tokens are back: only "a" is written.
+    so3 = SchedulerOutput(scheduled_new_reqs=[_new("c", [9], [7])], scheduled_cached_reqs=CachedRequestData(),
+                          num_scheduled_tokens={"c": 1}, total_num_scheduled_tokens=1, finished_req_ids={"b"})
+    batch.update_states(so3)
+    live = batch.fill_placeholders(["a", "b"], *placed, np.array([50, 60], np.int32))
+    assert live.tolist() == [True, False]
+    a, c = batch.req_id_to_row["a"], batch.req_id_to_row["c"]
+    assert batch.token_ids[a, :4].tolist() == [1, 2, 3, 50] and batch.pending_pos[a] == -1
+    assert batch.token_ids[c, 0] == 9 and batch.num_tokens[c] == 1 and batch.token_ids[c, 2] != 60

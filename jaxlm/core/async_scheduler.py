@@ -1,0 +1,84 @@
+"""AsyncScheduler: the scheduler for async scheduling (vLLM's AsyncScheduler).
+
+Step N+1 is scheduled before step N's tokens are back on the host. A request that samples in a
+step gets a placeholder for that token (Request.num_output_placeholders) and its computed
+count advances when the step is scheduled, not when it returns, so the next schedule() already
+gives it its next decode token; the runner feeds that token from the previous step's sampled
+tokens on the device. When the token arrives (update_from_output, one step later) the
+placeholder is dropped; EOS, stop tokens and stop strings then end the request one step late
+and the token it computed meanwhile is discarded (the request is gone when it arrives).
+max_tokens and max_model_len are checked against the placeholders, so no step is wasted there.
+"""
+
+from __future__ import annotations
+
+from jaxlm.core.request import Request
+from jaxlm.core.scheduler import Scheduler
+from jaxlm.core.sched_output import SchedulerOutput
+from jaxlm.sampling_params import SamplingParams
+
+
+def needs_host_in_loop(params: SamplingParams) -> bool:
+    """Sampling that reads the request's previous token on the host before the next step's
+    inputs can be built: grammar masks, penalties, min_tokens and bad words (their counts and
+    prefixes live in the runner's SamplingInputBuilder). Steps run synchronously while such
+    a request is in the scheduler."""
+    return (params.structured_outputs is not None or bool(params.min_tokens) or bool(params.bad_words)
+            or bool(params.bad_words_token_ids)
+            or (params.presence_penalty, params.frequency_penalty, params.repetition_penalty) != (0.0, 0.0, 1.0))
+
+
+class AsyncScheduler(Scheduler):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # Unfinished requests that need the host in the loop (needs_host_in_loop).
+        self.host_loop_req_ids: set[str] = set()
+
+    def add_request(self, request: Request) -> None:
+        super().add_request(request)
+        if needs_host_in_loop(request.sampling_params):
+            self.host_loop_req_ids.add(request.request_id)
+
+    def needs_sync_step(self) -> bool:
+        """Whether the next step must wait for the previous one's tokens (see needs_host_in_loop)."""
+        return bool(self.host_loop_req_ids)
+
+    def _update_after_schedule(self, output: SchedulerOutput) -> None:
+        for rid, n in output.num_scheduled_tokens.items():
+            request = self.requests[rid]
+            request.num_computed_tokens += n
+            if request.num_computed_tokens == request.num_tokens + request.num_output_placeholders:
+                request.num_output_placeholders += 1  # it samples: that token is in flight
+
+    def _num_tokens_to_compute(self, request: Request) -> int:
+        # Nothing more once the tokens in flight reach the request's limit.
+        n_out = request.num_output_tokens + request.num_output_placeholders
+        if n_out >= request.max_tokens or request.num_tokens + request.num_output_placeholders >= self.max_model_len:
+            return 0
+        return request.num_tokens + request.num_output_placeholders - request.num_computed_tokens
+
+    def _skip_quietly(self, request: Request) -> bool:
+        return request.num_output_placeholders > 0
+
+    def _advance_computed(self, request: Request, num_scheduled: int) -> None:
+        pass  # counted by _update_after_schedule
+
+    def _takes_output(self, request: Request) -> bool:
+        # A request preempted after this step was dispatched still gets the token it sampled.
+        return not request.is_finished()
+
+    def _is_partial(self, request: Request) -> bool:
+        return False  # the runner samples only rows that reached their last token
+
+    def _token_arrived(self, request: Request, sampled: bool) -> None:
+        if sampled and request.num_output_placeholders > 0:
+            request.num_output_placeholders -= 1
+
+    def _preempt(self, request: Request) -> None:
+        super()._preempt(request)
+        request.num_output_placeholders = 0  # its in-flight token is appended on arrival
+
+    def _free_finished(self, request: Request) -> None:
+        self.host_loop_req_ids.discard(request.request_id)
+        super()._free_finished(request)
+

@@ -1,0 +1,92 @@
+"""StepHandle: a dispatched step of the ModelRunner; result() brings its tokens back.
+
+ModelRunner.execute_model(so, non_block=True) returns one as soon as the step's programs are
+dispatched (async scheduling dispatches the next step before calling result()). result() waits
+for the sampled tokens, writes them over the placeholders the dispatch left in the input batch
+(only where the request still holds its row: one that finished or was preempted meanwhile is
+skipped), gives them to the sampling state, and builds the step's ModelRunnerOutput.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import jax
+import numpy as np
+
+from jaxlm.core.outputs import LogprobsLists, ModelRunnerOutput
+from jaxlm.worker.input_batch import StepInputs
+
+if TYPE_CHECKING:
+    from jaxlm.worker.model_runner import ModelRunner
+
+
+class StepHandle:
+    def __init__(self, runner: "ModelRunner", inputs: StepInputs | None, sampler_out: Any = None,
+                 placed: tuple[np.ndarray, np.ndarray] | None = None, prompt_lps: Any = None) -> None:
+        self.runner, self.inputs, self.sampler_out, self.prompt_lps = runner, inputs, sampler_out, prompt_lps
+        # (rows, positions) of the sampled tokens' placeholders in the input batch.
+        self.placed = placed
+        self._result: ModelRunnerOutput | None = None
+
+    def result(self) -> ModelRunnerOutput:
+        if self._result is None:
+            self._result = ModelRunnerOutput.empty() if self.inputs is None else self._finish()
+        return self._result
+
+    def _finish(self) -> ModelRunnerOutput:
+        inputs, runner = self.inputs, self.runner
+        sampled, logprobs = self._sample_tokens()
+        prompt_logprobs = self._prompt_logprobs() if self.prompt_lps is not None else {}
+        return ModelRunnerOutput(
+            req_ids=inputs.req_ids,
+            req_id_to_index={r: i for i, r in enumerate(inputs.req_ids)},
+            sampled_token_ids=[[sampled[r]] if r in sampled else [] for r in inputs.req_ids],
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+            failed_req_ids=runner._take_failed(inputs.req_ids),
+            grammar_terminated_req_ids=runner.grammars.advance(sampled),
+        )
+
+    def _sample_tokens(self) -> tuple[dict[str, int], LogprobsLists | None]:
+        inputs, out, runner = self.inputs, self.sampler_out, self.runner
+        timer = runner.step_timer
+        if out is None:
+            return {}, None
+        req_ids = inputs.sample_req_ids
+        n = len(req_ids)
+        token_ids = np.asarray(out.sampled_token_ids)[:n]  # waits for the device
+        if timer:
+            timer.lap("wait")
+        live = runner.input_batch.fill_placeholders(req_ids, *self.placed, token_ids)
+        token_list = token_ids.tolist()
+        runner.sampling.record_tokens([r for r, ok in zip(req_ids, live) if ok],
+                                      [t for t, ok in zip(token_list, live) if ok])
+        sampled = dict(zip(req_ids, token_list))
+        logprobs = _logprobs_rows(inputs, out, n) if out.logprob_token_ids is not None else None
+        if timer:
+            timer.lap("output")
+        return sampled, logprobs
+
+    def _prompt_logprobs(self) -> dict[str, LogprobsLists]:
+        """Logprobs of the prompt positions computed this step that were not delivered yet."""
+        inputs, tracker = self.inputs, self.runner.prompt_logprobs
+        ids, lps, ranks = jax.device_get(self.prompt_lps)
+        out = {}
+        for i in tracker.wanted(inputs.req_ids):
+            req_id = inputs.req_ids[i]
+            start, stop = int(inputs.query_start_loc[i]), int(inputs.query_start_loc[i + 1])
+            step_rows = LogprobsLists(ids[start:stop], lps[start:stop], ranks[start:stop])
+            out[req_id] = tracker.take(req_id, int(inputs.positions[start]), stop - start, step_rows)
+        return out
+
+
+def _logprobs_rows(inputs: StepInputs, out: Any, n: int) -> LogprobsLists:
+    """Sampler rows -> rows aligned with inputs.req_ids (zeros where nothing was sampled)."""
+    ids, lps, ranks = (np.asarray(a)[:n] for a in (out.logprob_token_ids, out.logprobs, out.sampled_token_ranks))
+    pos = {r: i for i, r in enumerate(inputs.req_ids)}
+    where = np.array([pos[r] for r in inputs.sample_req_ids])
+    full = lambda a: np.zeros((len(inputs.req_ids),) + a.shape[1:], a.dtype)  # noqa: E731
+    all_ids, all_lps, all_ranks = full(ids), full(lps), full(ranks)
+    all_ids[where], all_lps[where], all_ranks[where] = ids, lps, ranks
+    return LogprobsLists(token_ids=all_ids, logprobs=all_lps, ranks=all_ranks)
