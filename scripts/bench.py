@@ -63,8 +63,10 @@ def _workload(args, vocab: int, tok) -> Workload:
 
 def _engine_kwargs(args, wl: Workload) -> dict:
     max_len = args.max_model_len or -(-wl.max_total_len() // 16) * 16
+    # The synchronous loop by default: the one the bucket planner simulates (its planned padding
+    # is compared with what runs); --async-scheduling measures the engine's default loop.
     return dict(model=args.model, dtype=args.dtype, max_num_seqs=args.max_num_seqs, max_model_len=max_len,
-                max_num_batched_tokens=args.max_num_batched_tokens)
+                max_num_batched_tokens=args.max_num_batched_tokens, async_scheduling=args.async_scheduling)
 
 
 def _resolve_config(name: str, args, eng: dict, wl: Workload) -> dict:
@@ -230,6 +232,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sim-step-seconds", type=float, default=None,
                    help="step time 'auto' assumes to place arrivals (default: all arrive at once)")
     p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--async-scheduling", action="store_true",
+                   help="serve with async scheduling (default: the synchronous loop the planner simulates)")
     p.add_argument("--max-num-batched-tokens", type=int, default=512)
     p.add_argument("--max-model-len", type=int, default=None, help="default: the workload's longest request")
     p.add_argument("--no-cold", dest="cold", action="store_false",

@@ -31,14 +31,17 @@ logger = logging.getLogger(__name__)
 _PR_SET_PDEATHSIG = 1
 
 
-def check_async_scheduling(config: EngineConfig) -> None:
-    """Async scheduling feeds decode rows from the previous step's tokens on the device: the
-    pipeline runner's stages and the multi-host step broadcast do not (yet)."""
+def async_scheduling_blocker(config: EngineConfig) -> str | None:
+    """Why async scheduling cannot run with this config, or None. It feeds decode rows from the
+    previous step's tokens on the device: the pipeline runner's stages and the multi-host step
+    broadcast do not (yet), and --token-buckets auto planned its buckets on the synchronous loop."""
     parallel = config.parallel_config
     for name in ("pipeline_parallel_size", "nnodes"):
         if getattr(parallel, name) > 1:
-            raise ValueError(f"--async-scheduling does not run with {name}={getattr(parallel, name)} yet; "
-                             "leave it off")
+            return f"{name}={getattr(parallel, name)}"
+    if config.compilation_config.workload is not None:
+        return "--token-buckets auto (buckets planned on the synchronous step loop)"
+    return None
 
 
 class EngineCore:
@@ -60,8 +63,10 @@ class EngineCore:
         self.executor.initialize_cache(num_blocks)
         # --async-scheduling: the driver dispatches step N+1 before it hands step N's output
         # back (engine/async_scheduling.py); otherwise the plain schedule -> execute -> update.
-        if config.scheduler_config.async_scheduling:
-            check_async_scheduling(config)
+        blocker = async_scheduling_blocker(config) if config.scheduler_config.async_scheduling else None
+        if blocker is not None:
+            logger.info("async scheduling off: it does not run with %s yet", blocker)
+        if config.scheduler_config.async_scheduling and blocker is None:
             self.scheduler: Scheduler = AsyncScheduler(config.scheduler_config, config.cache_config)
             self._async_driver: AsyncStepDriver | None = AsyncStepDriver(self.scheduler, self.executor)
         else:

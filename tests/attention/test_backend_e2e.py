@@ -25,9 +25,9 @@ def _record_steps(runner, calls, steps):
     """Per step: (decode only?, token bucket, the kernels its program ran)."""
     execute = runner.execute_model
 
-    def spy(so):
+    def spy(so, **kw):
         calls.clear()
-        out = execute(so)
+        out = execute(so, **kw)  # non_block under async scheduling: the barrier below waits
         jax.effects_barrier()
         decode_only = so.total_num_scheduled_tokens == len(so.num_scheduled_tokens) > 0
         steps.append((decode_only, so.total_num_scheduled_tokens, set(calls)))
@@ -64,6 +64,9 @@ def test_pallas_equals_xla_and_decode_steps_run_the_decode_kernel(tmp_path, monk
     decode_steps = [s for s in steps if s[0]]
     assert len(decode_steps) >= 5 and len(steps) > len(decode_steps)
     for decode_only, num_tokens, kernels in steps:
+        if num_tokens == 0:  # async scheduling's last call only collects the step in flight
+            assert kernels == set()
+            continue
         # Every layer of the step's program ran one kernel, in the bucket of the step.
         bucket = 8 if num_tokens <= 8 else 32
         assert kernels == {("decode" if decode_only else "ragged", bucket)}, (decode_only, num_tokens, kernels)

@@ -27,9 +27,9 @@ if "poison" in _FAULTS:
 if "kill" in _FAULTS:
     _real_execute = ModelRunner.execute_model
 
-    def _execute_model(self, so):
+    def _execute_model(self, so, **kw):
         if any("kill" in r.req_id for r in so.scheduled_new_reqs):
             raise RuntimeError("injected fault: the model step failed")
-        return _real_execute(self, so)
+        return _real_execute(self, so, **kw)
 
     ModelRunner.execute_model = _execute_model

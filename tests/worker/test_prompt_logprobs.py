@@ -55,9 +55,9 @@ def _run(model_dir, num_blocks, prompts, params):
     registered = []
     execute = runner.execute_model
 
-    def spy(so):
+    def spy(so, **kw):
         registered.extend((n.req_id, len(n.output_token_ids)) for n in so.scheduled_new_reqs)
-        return execute(so)
+        return execute(so, **kw)
 
     runner.execute_model = spy
     outs = llm.generate(prompts, params, use_tqdm=False)
