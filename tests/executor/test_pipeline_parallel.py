@@ -7,28 +7,15 @@ engine settings of the tensor-parallel cases: prompts chunked (32-token budget) 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
+from tests.helpers.device_cases import run_cases
 from tests.helpers.pp_cases import CASES
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict:
-    work = tmp_path_factory.mktemp("pp")
-    out = work / "results.json"
-    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    env.pop("XLA_FLAGS", None)
-    proc = subprocess.run([sys.executable, "-m", "tests.helpers.pp_cases", str(out), str(work)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(out.read_text())
+    return run_cases("tests.helpers.pp_cases", tmp_path_factory.mktemp("pp"))
 
 
 CASE_KEYS = [(name, tp, pp) for name, (_, sizes) in CASES.items() for tp, pp in sizes if pp > 1]

@@ -1,0 +1,23 @@
+"""Run a cases module in a subprocess with 8 CPU devices (the module asks XLA for them before
+importing jax; the rest of the suite keeps one device) and read back the JSON it writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def run_cases(module: str, work: Path, timeout: int = 600) -> dict:
+    """``python -m MODULE OUT.json WORK`` from the repository root; its results."""
+    out = work / "results.json"
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env.pop("XLA_FLAGS", None)
+    proc = subprocess.run([sys.executable, "-m", module, str(out), str(work)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(out.read_text())
