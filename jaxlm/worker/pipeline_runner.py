@@ -43,8 +43,8 @@ from jaxlm.sample.metadata import HostArrays
 from jaxlm.sample.sampler import compute_prompt_logprobs
 from jaxlm.worker.buckets import pick_bucket
 from jaxlm.worker.input_batch import StepInputs
-from jaxlm.worker.model_runner import (
-    _MD_FIELDS, DECODE, MIXED, PROMPT_LOGPROBS, ModelRunner, _unpack, gathered)
+from jaxlm.worker.model_runner import ModelRunner
+from jaxlm.worker.step_programs import _MD_FIELDS, DECODE, MIXED, PROMPT_LOGPROBS, _unpack, gathered
 
 logger = logging.getLogger(__name__)
 
