@@ -9,7 +9,6 @@ free, the newest running request is preempted (its blocks freed, recomputed late
 from __future__ import annotations
 
 import collections
-import itertools
 import logging
 import time
 from typing import Iterable

@@ -27,7 +27,6 @@ from jaxlm.serve.protocol import (
     ChatCompletionResponseStreamChoice,
     ChatCompletionStreamResponse,
     ChatMessage,
-    ChatResponseMessage,
     DeltaMessage,
     UsageInfo,
     random_uuid,
