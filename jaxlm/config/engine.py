@@ -1,0 +1,39 @@
+"""EngineConfig: all configs of one engine, and the list the CLI is generated from."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jaxlm.config.cache import CacheConfig
+from jaxlm.config.compilation import CompilationConfig
+from jaxlm.config.load import LoadConfig
+from jaxlm.config.model import ModelConfig
+from jaxlm.config.observability import ObservabilityConfig
+from jaxlm.config.parallel import ParallelConfig
+from jaxlm.config.scheduler import SchedulerConfig
+from jaxlm.config.utils import ATTENTION_BACKENDS, arg
+
+
+@dataclasses.dataclass
+class EngineConfig:
+    """All configs of one engine (plus the attention backend)."""
+
+    model_config: ModelConfig
+    cache_config: CacheConfig
+    scheduler_config: SchedulerConfig
+    parallel_config: ParallelConfig
+    load_config: LoadConfig
+    compilation_config: CompilationConfig
+    attention_backend: str = arg("auto", "attention kernels (auto: pallas on GPU, xla elsewhere)",
+                                 choices=ATTENTION_BACKENDS)
+    observability_config: ObservabilityConfig = dataclasses.field(default_factory=ObservabilityConfig)
+
+
+# Every config that holds engine arguments, in --help order (one argument group each).
+ARG_CONFIGS: tuple[type, ...] = (ModelConfig, LoadConfig, CacheConfig, SchedulerConfig, ParallelConfig,
+                                 CompilationConfig, ObservabilityConfig, EngineConfig)
+
+
+def arg_fields(config_cls: type) -> list[dataclasses.Field]:
+    """The fields of ``config_cls`` that are engine arguments (those with help text)."""
+    return [f for f in dataclasses.fields(config_cls) if f.metadata.get("help")]

@@ -1,0 +1,54 @@
+"""ModelConfig: which model and tokenizer, in which dtype, and its request limits."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+from jaxlm.config.utils import DTYPE_ALIASES, DTYPES, arg, human_readable_int, parse_json_object
+
+
+@dataclasses.dataclass
+class ModelConfig:
+    """Which model and tokenizer, in which dtype, and its request limits."""
+
+    model: str | None = arg(None, "HF model directory, .gguf file or orbax checkpoint "
+                                  "(default: the embedded SmolLM2-135M-Instruct)")
+    tokenizer: str | None = arg(None, "tokenizer directory (default: the model's)")
+    revision: str | None = arg(None, "revision (branch, tag or commit) of an org/name model in the local HF cache")
+    trust_remote_code: bool = arg(False, "accepted for vLLM scripts; jaxlm never runs a model's remote code "
+                                         "(its own model classes and HF fast tokenizers only)")
+    dtype: str = arg("auto", "weights and activations dtype (auto: float32 on CPU, the checkpoint's on GPU; "
+                             "half = float16, float = float32)", choices=DTYPES)
+    max_model_len: int | None = arg(None, "longest prompt + output in tokens; 32k = 32000, 32K = 32768 "
+                                          "(default: the model's, capped at 2048 on CPU)", parse=human_readable_int)
+    seed: int = arg(0, "engine seed for requests without their own")
+    served_model_name: list[str] | None = arg(None, "model name(s) the server answers to (default: --model)",
+                                              nargs="+")
+    generation_config: str = arg("auto", "default sampling: auto (the model's generation_config.json), "
+                                         "vllm (SamplingParams' defaults) or a directory holding one")
+    override_generation_config: dict[str, Any] | None = arg(
+        None, "JSON object on top of the generation config, e.g. '{\"temperature\": 0.5}'", parse=parse_json_object)
+    max_logprobs: int = arg(20, "most logprobs (and prompt logprobs) a request may ask for")
+    chat_template: str | None = arg(None, "chat template: a Jinja file or the template itself "
+                                          "(default: the tokenizer's)")
+    enforce_eager: bool = arg(False, "accepted for vLLM scripts; jaxlm runs compiled XLA programs only, "
+                                     "so True is refused")
+    # Filled by jaxlm.model_loader.resolve_model_config(): the transformers config.
+    hf_config: Any = None
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"Unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
+        self.dtype = DTYPE_ALIASES.get(self.dtype, self.dtype)
+        if self.max_model_len is not None and self.max_model_len <= 0:
+            raise ValueError(f"max_model_len must be positive, got {self.max_model_len}")
+        if self.enforce_eager:
+            raise ValueError("enforce_eager=True is not supported: jaxlm runs only compiled XLA programs "
+                             "(--compilation-cache-dir keeps them across restarts)")
+        if self.chat_template is not None and os.path.isfile(self.chat_template):
+            with open(self.chat_template, encoding="utf-8") as f:
+                self.chat_template = f.read()
+        elif self.chat_template is not None and not any(c in self.chat_template for c in "{}\n"):
+            raise ValueError(f"chat_template {self.chat_template!r} looks like a path, but no such file exists")
