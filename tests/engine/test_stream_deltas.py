@@ -100,7 +100,7 @@ def _cases(tok_name: str, tok) -> list[dict]:
 def _run_case(tok, case: dict, kind: RequestOutputKind) -> list[list]:
     """Feed the case's tokens step by step through an OutputProcessor; per step with an output:
     [text, token_ids, finish_reason, stop_reason]."""
-    from jaxlm.core.outputs import EngineCoreOutput, FinishReason
+    from jaxlm.core.outputs import EngineCoreOutput, EngineCoreOutputBatch, FinishReason
     from jaxlm.engine.output_processor import OutputProcessor
 
     params = SamplingParams(max_tokens=len(case["out"]), output_kind=kind, **case.get("params", {}))
@@ -114,8 +114,8 @@ def _run_case(tok, case: dict, kind: RequestOutputKind) -> list[list]:
         if start == len(case["out"]):
             finish = FinishReason.STOP if case.get("stop_token") else FinishReason.LENGTH
             stop_reason = new[-1] if case.get("stop_token") else None
-        outs, _ = op.process_outputs([EngineCoreOutput("r", new, finish, stop_reason)])
-        for _, ro in outs:
+        batch = EngineCoreOutputBatch.from_outputs([EngineCoreOutput("r", new, finish, stop_reason)])
+        for _, ro in op.process_outputs(batch).routed:
             c = ro.outputs[0]
             steps.append([c.text, list(c.token_ids), c.finish_reason, c.stop_reason])
         if not op.has_unfinished_requests():
