@@ -41,10 +41,8 @@ scheduling); `step_timer` (benchmarks only) gets a lap at each boundary of the s
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import math
-import os
 import time
 from typing import Any, Callable
 
@@ -242,26 +240,16 @@ class ModelRunner:
         tokens_spec = jax.ShapeDtypeStruct((self.sample_capacity,), jnp.int32, sharding=self._replicated)
         jobs = [("body", (T, kind)) for kind, buckets in self.body_buckets().items() for T in buckets]
         jobs += [("sample", (S, v)) for S in self.seq_buckets for v in self.sampling.variants()]
-
-        def lower(what: str, key: Any) -> Any:
+        for what, key in tqdm(jobs, desc="Compiling buckets", unit="program"):
             if what == "body":
-                return body_jit(*key).lower(params_spec, kv_spec, self._abstract_packed(*key), tokens_spec)
-            md = self.sampling.build_host([], key[0], key[1])
-            md_spec = jax.ShapeDtypeStruct(md.packed().shape, jnp.int32, sharding=self._replicated)
-            return jax.jit(self._sample_fn(key[0], md)).lower(params_spec, hidden_sel, md_spec)
-
-        # Tracing holds the GIL, XLA's compile (or load from the persistent cache) does not:
-        # this thread lowers program i + 1 while the pool compiles program i.
-        bar = tqdm(total=len(jobs), desc="Compiling buckets", unit="program")
-        with concurrent.futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-            futures = []
-            for what, key in jobs:
-                future = pool.submit(lower(what, key).compile)
-                future.add_done_callback(lambda _: bar.update())
-                futures.append((what, key, future))
-            for what, key, future in futures:
-                (self._body if what == "body" else self._sample)[key] = future.result()
-        bar.close()
+                lowered = body_jit(*key).lower(params_spec, kv_spec, self._abstract_packed(*key), tokens_spec)
+                self._body[key] = lowered.compile()
+            else:
+                S, variant = key
+                md = self.sampling.build_host([], S, variant)
+                md_spec = jax.ShapeDtypeStruct(md.packed().shape, jnp.int32, sharding=self._replicated)
+                fn = jax.jit(self._sample_fn(S, md))
+                self._sample[key] = fn.lower(params_spec, hidden_sel, md_spec).compile()
         self.num_programs = len(self._body) + len(self._sample)
         self.warmup_seconds = time.perf_counter() - start
         logger.info("Compiled %d programs in %.1f s", self.num_programs, self.warmup_seconds)
