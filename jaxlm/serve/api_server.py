@@ -17,6 +17,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 import jaxlm
+from jaxlm.config.model import load_chat_template
 from jaxlm.engine.arg_utils import EngineArgs
 from jaxlm.engine.async_llm_engine import AsyncLLMEngine
 from jaxlm.serve.chat_template import ChatTemplatePolicy
@@ -73,8 +74,9 @@ def init_app_state(engine: AsyncLLMEngine, state: Any, args: argparse.Namespace)
     state.max_model_len = max_model_len
     state.metrics = ServerMetrics(names[0], max_model_len, engine.get_stats,
                                   cache_config_info(engine.engine_config.cache_config))
-    state.serving_completion = OpenAIServingCompletion(engine, names, max_model_len, state.metrics)
-    state.serving_chat = OpenAIServingChat(engine, names, max_model_len, state.metrics)
+    chat_template = load_chat_template(getattr(args, "chat_template", None))
+    state.serving_completion = OpenAIServingCompletion(engine, names, max_model_len, state.metrics, chat_template)
+    state.serving_chat = OpenAIServingChat(engine, names, max_model_len, state.metrics, chat_template)
     state.serving_chat.template_policy = ChatTemplatePolicy(
         trust_request_chat_template=args.trust_request_chat_template, timeout_s=args.chat_template_timeout)
     state.serving_chat.configure(args)  # tool-call and reasoning parsers

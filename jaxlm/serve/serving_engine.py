@@ -84,6 +84,7 @@ class OpenAIServing:
         served_model_names: list[str],
         max_model_len: int,
         metrics: ServerMetrics,
+        chat_template: str | None = None,
     ) -> None:
         self.engine = engine
         self.served_model_names = served_model_names
@@ -94,6 +95,9 @@ class OpenAIServing:
         # The model's generation-config sampling defaults (the engine logged them at start-up):
         # request fields override them, unset fields take them (vLLM's --generation-config auto).
         self.default_sampling_params = dict(engine.get_diff_sampling_param())
+        # The server's --chat-template, else the engine's (None: the tokenizer's own;
+        # entrypoints/chat_utils.py decides).
+        self.chat_template = chat_template or engine.engine_config.model_config.chat_template
 
     @property
     def tokenizer(self) -> Any:
@@ -247,7 +251,7 @@ class OpenAIServing:
                 info[key] = value
         for key in ("bos_token", "eos_token", "pad_token", "unk_token"):
             info[key] = getattr(tok, key, None)
-        info["chat_template"] = getattr(tok, "chat_template", None)
+        info["chat_template"] = self.chat_template or getattr(tok, "chat_template", None)
         info["model_max_length"] = self.max_model_len
         return info
 
