@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import time
 from typing import Any
@@ -12,30 +11,6 @@ from jaxlm.engine.detokenizer import IncrementalDetokenizer
 from jaxlm.engine.logprobs import LogprobsProcessor, TokenDecoder
 from jaxlm.outputs import CompletionOutput, RequestOutput, RequestStateStats
 from jaxlm.sampling_params import RequestOutputKind, SamplingParams
-
-
-# vllm:iteration_tokens_total bucket bounds (vLLM's).
-ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
-
-
-@dataclasses.dataclass
-class IterationTokensStats:
-    """Cumulative histogram of the tokens each engine step handled: the prompt tokens of requests
-    whose first token came out in it plus its new tokens (vLLM's IterationStats rule). Kept on
-    the engine thread, read as a snapshot (the frontend sees steps only through get_stats)."""
-
-    bucket_counts: list[int] = dataclasses.field(
-        default_factory=lambda: [0] * (len(ITERATION_TOKENS_BUCKETS) + 1))  # last: +Inf
-    sum: int = 0
-    count: int = 0
-
-    def observe(self, num_tokens: int) -> None:
-        self.bucket_counts[bisect.bisect_left(ITERATION_TOKENS_BUCKETS, num_tokens)] += 1
-        self.sum += num_tokens
-        self.count += 1
-
-    def snapshot(self) -> "IterationTokensStats":
-        return IterationTokensStats(list(self.bucket_counts), self.sum, self.count)
 
 
 @dataclasses.dataclass
@@ -91,7 +66,6 @@ class OutputProcessor:
         self.token_decoder = TokenDecoder(tokenizer)
         # Prompt tokens of requests whose prefill finished (vllm:prompt_tokens_total).
         self.num_prompt_tokens_done = 0
-        self.iteration_tokens = IterationTokensStats()
 
     def add_request(self, request_id: str, external_req_id: str, prompt: str | None,
                     prompt_token_ids: list[int], params: SamplingParams, arrival_time: float,
@@ -128,7 +102,6 @@ class OutputProcessor:
         now = time.time()
         request_outputs: list[tuple[str, RequestOutput]] = []
         to_abort: list[str] = []
-        prompt_tokens_done = self.num_prompt_tokens_done
         for out in outputs:
             state = self.request_states.get(out.req_id)
             if state is None:  # aborted meanwhile
@@ -153,8 +126,6 @@ class OutputProcessor:
             ro = self._make_output(state, finish_reason, stop_reason)
             if ro is not None:
                 request_outputs.append((state.parent.request_id if state.parent else state.request_id, ro))
-        self.iteration_tokens.observe(self.num_prompt_tokens_done - prompt_tokens_done
-                                      + sum(len(o.new_token_ids) for o in outputs))
         return request_outputs, to_abort
 
     def _update_stats(self, m: RequestStateStats, out: EngineCoreOutput, prompt_len: int, now: float) -> None:

@@ -44,6 +44,7 @@ def _engine_args(model: str | None, kwargs: dict[str, Any]) -> EngineArgs:
     if unknown:
         raise TypeError(f"Unknown engine argument(s): {', '.join(sorted(unknown))} "
                         "(jaxlm's are the fields of jaxlm.EngineArgs)")
+    kwargs.setdefault("disable_log_stats", True)  # vLLM's LLM default: no periodic stats line
     return EngineArgs(model=model, **kwargs)
 
 

@@ -1,8 +1,12 @@
 """The server over an engine in this process (LLMEngine's InprocClient, as LLM uses it) on a
 base model: a tiny llama whose tokenizer has no chat template. Several front ends share the
-engine, each with its own flags: --chat-template and the chat paths that use it."""
+engine, each with its own flags: --chat-template and the chat paths that use it, request logging;
+the engine's periodic stats line, and the gauges of an idle engine."""
 
 from __future__ import annotations
+
+import logging
+import re
 
 import jinja2
 import openai
@@ -10,7 +14,7 @@ import pytest
 
 from jaxlm.engine.arg_utils import EngineArgs
 from jaxlm.engine.async_llm_engine import AsyncLLMEngine
-from tests.serve.conftest import TINY_ENGINE_ARGS, ServerThread
+from tests.serve.conftest import TINY_ENGINE_ARGS, ServerThread, assert_idle_gauges, concurrent_streams, metric
 
 pytestmark = pytest.mark.timeout(600)
 MODEL = "base"
@@ -30,10 +34,13 @@ def base_model(tiny_llama, tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def engine(base_model):
+    """Default observability flags: the stats line is on (every 0.2 s here)."""
     from jaxlm.engine.llm_engine import LLMEngine
 
     args = EngineArgs(model=base_model, **TINY_ENGINE_ARGS)
-    eng = AsyncLLMEngine(lambda: LLMEngine.from_engine_args(args))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("JAXLM_LOG_STATS_INTERVAL", "0.2")  # read when the engine is built
+        eng = AsyncLLMEngine(lambda: LLMEngine.from_engine_args(args))
     yield eng
     eng.shutdown()
 
@@ -99,3 +106,47 @@ def test_no_chat_template_is_a_400_naming_the_flag(plain):
         # The engine goes on serving what needs no template.
         ok = http.post("/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 2})
         assert ok.status_code == 200, ok.text
+
+
+@pytest.fixture(scope="module")
+def logged(engine):
+    srv = ServerThread(engine, ["--served-model-name", MODEL, "--enable-log-requests", "--max-log-len", "8"])
+    yield srv
+    srv.stop()
+
+
+def test_enable_log_requests_logs_arrivals_cut_to_max_log_len_and_aborts(logged, plain, engine, caplog):
+    caplog.set_level(logging.INFO, logger="jaxlm")
+    prompt = "The capital of France is Paris."
+    ids = engine.tokenizer.encode(prompt)
+    client = logged.client()
+    out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, temperature=0.0)
+    concurrent_streams(logged.base, MODEL, [prompt], 100, drop={0}, temperature=0.0, extra_body={"ignore_eos": True})
+    lines = [r.getMessage() for r in caplog.records if r.name == "jaxlm.serve.request_logger"]
+    received = [line for line in lines if line.startswith("Received request")]
+    assert len(received) == 2, lines
+    assert received[0].startswith(f"Received request {out.id}-0: prompt: 'The capi', params: SamplingParams(")
+    assert re.search(r"prompt_token_ids: \[([0-9]+, ){7}[0-9]+\]$", received[0]), received[0]
+    assert received[0].endswith(f"prompt_token_ids: {ids[:8]}")
+    assert any(line.startswith("Aborted request cmpl-") for line in lines), lines
+    caplog.clear()
+    plain.client().completions.create(model=MODEL, prompt=prompt, max_tokens=2)
+    assert not [r for r in caplog.records if r.name == "jaxlm.serve.request_logger"]
+
+
+def test_stats_line_is_logged_while_the_engine_works(plain, caplog):
+    """The engine's periodic line (on by default; --disable-log-stats: test_engine_core_proc.py)."""
+    caplog.set_level(logging.INFO, logger="jaxlm")
+    concurrent_streams(plain.base, MODEL, ["The capital of France is"] * 4, 100, drop=set(), temperature=0.0,
+                       extra_body={"ignore_eos": True})
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert any(line.startswith("Avg prompt throughput: ") and "Running: " in line for line in lines), lines
+
+
+def test_idle_gauges_after_disconnects(plain):
+    """In-process core: 0 running, 0 waiting and 0 KV usage once the last streams are dropped."""
+    prompts = [f"The capital of France is {i}" for i in range(16)]
+    concurrent_streams(plain.base, MODEL, prompts, 100, drop=set(range(16)), temperature=0.0,
+                       extra_body={"ignore_eos": True})
+    values = assert_idle_gauges(plain.metrics)
+    assert metric(values, "vllm:num_requests_running", engine="0", model_name=MODEL) == 0.0
