@@ -46,7 +46,7 @@ def _stream(base: str, events: list[str], first: threading.Event) -> None:
 @pytest.fixture(scope="module")
 def dp2(tiny_llama):
     srv = ServerProcess(tiny_llama, ["--served-model-name", "tiny", "-dp", "2", "--disable-log-stats",
-                                     "--enable-log-requests"],
+                                     "--enable-log-requests", "--uvicorn-log-level", "info"],
                         env={"JAXLM_LOG_STATS_INTERVAL": "0.2"})  # were the stats line on, it would show
     yield srv
     srv.stop(signal.SIGKILL)
@@ -101,9 +101,12 @@ def test_dp2_engine_labels_idle_gauges_and_log_flags(dp2):
     for name in ("vllm:generation_tokens", "vllm:prompt_tokens"):  # counted per core's steps
         counted = _per_engine(families, name, name + "_total")
         assert counted.keys() == {"0", "1"} and all(v > 0 for v in counted.values()), (name, counted)
+    assert {s.labels["num_gpu_blocks"] for s in families["vllm:cache_config_info"].samples} == {"160"}  # override
     out = dp2.output()
     assert out.count("Received request cmpl-") == 8 + 16 and "Aborted request cmpl-" in out
     assert "Avg prompt throughput" not in out  # --disable-log-stats
+    # uvicorn at info, but no access log (--disable-uvicorn-access-log, in TINY_ENGINE_FLAGS).
+    assert "Application startup complete" in out and "HTTP/1.1" not in out
 
 
 def _health(base: str) -> int | None:
