@@ -81,12 +81,16 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         if getattr(config, "attn_logit_softcapping", None) is not None:
             logger.warning("Gemma 3: attn_logit_softcapping=%s is not applied (transformers' and vLLM's Gemma 3 "
                            "do not apply it either)", config.attn_logit_softcapping)
-        d, mml = self.args.head_dim, self.max_model_len
-        params = getattr(config, "rope_parameters", None)
-        if isinstance(params, dict) and SLIDING in params:  # transformers 5.x: one dict per layer type
-            local = RotaryEmbedding.from_config(config, d, layer_type=SLIDING, max_model_len=mml)
-            glob = RotaryEmbedding.from_config(config, d, layer_type=FULL, max_model_len=mml)
-        else:  # 4.x: rope_theta + rope_scaling are the global layers'; local ones are unscaled
-            glob = RotaryEmbedding.from_config(config, d, max_model_len=mml)
-            local = RotaryEmbedding(d, float(getattr(config, "rope_local_base_freq", 10000.0)))
-        return tuple(local if t == SLIDING else glob for t in layer_types(config))
+        return layer_ropes(config, self.args.head_dim, self.max_model_len)
+
+
+def layer_ropes(config: Any, head_dim: int, max_model_len: int | None = None) -> tuple[RotaryEmbedding, ...]:
+    """Per layer: the local rope on sliding layers, the global one on full-attention layers."""
+    params = getattr(config, "rope_parameters", None)
+    if isinstance(params, dict) and SLIDING in params:  # transformers 5.x: one dict per layer type
+        local = RotaryEmbedding.from_config(config, head_dim, layer_type=SLIDING, max_model_len=max_model_len)
+        glob = RotaryEmbedding.from_config(config, head_dim, layer_type=FULL, max_model_len=max_model_len)
+    else:  # 4.x: rope_theta + rope_scaling are the global layers'; local ones are unscaled
+        glob = RotaryEmbedding.from_config(config, head_dim, max_model_len=max_model_len)
+        local = RotaryEmbedding(head_dim, float(getattr(config, "rope_local_base_freq", 10000.0)))
+    return tuple(local if t == SLIDING else glob for t in layer_types(config))

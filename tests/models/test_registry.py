@@ -18,6 +18,10 @@ BUILTIN = {
     "Qwen3ForCausalLM",
     "OPTForCausalLM",
     "GPT2LMHeadModel",
+    "Gemma3ForCausalLM",
+    "Phi3ForCausalLM",
+    "SmolLM3ForCausalLM",
+    "GraniteForCausalLM",
 }
 
 

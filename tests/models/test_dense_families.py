@@ -1,0 +1,65 @@
+"""Gemma 3, Phi-3 / Phi-4-mini, SmolLM3 and Granite: logits and greedy tokens equal transformers'
+(float32) on tiny random checkpoints with each family's differences switched on and awkward
+shapes (tests/helpers/tiny_models.py: _DENSE_FAMILIES). Under the engine (chunked prefill,
+preemption, prefix caching, TP=2): tests/models/test_dense_families_engine.py."""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+import transformers
+
+from jaxlm.models import gemma3
+from jaxlm.models.rotary import RotaryEmbedding
+from tests.helpers import tiny_models as tm
+from tests.models._parity import TOL, run_parity
+
+
+def _prompts(lens) -> list[list[int]]:
+    rng = np.random.default_rng(0)
+    return [rng.integers(3, 256, n).tolist() for n in lens]
+
+
+CASES = {
+    # name: (family, config overrides, prompt lengths, decode steps, prefill chunk, max_model_len)
+    # 3 local layers per global, window 4 < every prompt, head_dim 32 != 64 / 4.
+    "gemma3": ("gemma3", {}, (5, 11, 17), 32, None, None),
+    # Partial rotary, GQA, longrope past original_max_position_embeddings (16): max_model_len
+    # 256 > 16 selects the long factors, and every sequence here is longer than 16, so
+    # transformers uses them too.
+    "phi3_longrope_beyond_original": ("phi3", {}, (5, 11, 17), 32, None, 256),
+    # max_model_len 16 keeps the short factors; sequences stay within 16 tokens.
+    "phi3_longrope_short_within_original": ("phi3", {}, (3, 6, 9), 7, None, 16),
+    # Layers 1 and 3 without rope.
+    "smollm3_nope_layers": ("smollm3", {}, (5, 11, 17), 32, None, None),
+    # All four multipliers != 1.
+    "granite_multipliers": ("granite", {}, (5, 11, 17), 32, None, None),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_hf_parity(case: str, tmp_path, record_property) -> None:
+    family, overrides, lens, steps, chunk, max_model_len = CASES[case]
+    path = tm.make_tiny_model(family, tmp_path / case, **overrides)
+    res = run_parity(path, _prompts(lens), steps=steps, chunk=chunk, max_model_len=max_model_len)
+    record_property("prefill_max_diff", res.prefill_max_diff)
+    record_property("decode_max_diff", res.decode_max_diff)
+    print(f"{case}: prefill max|diff| {res.prefill_max_diff:.2e}, decode {res.decode_max_diff:.2e}")
+    assert res.prefill_max_diff < TOL, res.prefill_max_diff
+    assert res.decode_max_diff < TOL, res.decode_max_diff
+    assert res.tokens_equal, f"ours {res.ours}\nhf   {res.ref}"
+
+
+def test_gemma3_transformers4_config_layout_gives_the_same_layers() -> None:
+    """4.x configs carry rope_theta/rope_scaling (global), rope_local_base_freq and
+    sliding_window_pattern instead of 5.x's per-layer-type rope_parameters and layer_types."""
+    old = types.SimpleNamespace(num_hidden_layers=6, sliding_window_pattern=3, rope_theta=1e6,
+                                rope_scaling=dict(rope_type="linear", factor=8.0), rope_local_base_freq=1e4)
+    new = transformers.Gemma3TextConfig(num_hidden_layers=6, sliding_window_pattern=3, rope_theta=1e6,
+                                        rope_scaling=dict(rope_type="linear", factor=8.0), rope_local_base_freq=1e4)
+    assert gemma3.layer_types(old) == gemma3.layer_types(new) == ("sliding_attention", "sliding_attention",
+                                                                 "full_attention") * 2
+    local, glob = RotaryEmbedding(32, 1e4), RotaryEmbedding(32, 1e6, "linear", (("factor", 8.0),))
+    assert gemma3.layer_ropes(old, 32) == gemma3.layer_ropes(new, 32) == (local, local, glob) * 2
