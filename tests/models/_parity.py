@@ -33,12 +33,13 @@ TOKEN_BUCKET = 48
 ROW_BUCKET = 4
 
 
-def build_model(path: str, dtype=jnp.float32, max_model_len: int | None = None):
-    """Abstract model (no memory) + load_weights from the safetensors file, as the loader does."""
+def build_model(path: str, dtype=jnp.float32, max_model_len: int | None = None, backend: str = "xla"):
+    """Abstract model (no memory) + load_weights from the safetensors file, as the loader does;
+    ``backend="pallas"`` runs the Pallas kernels (interpret mode on CPU)."""
     config = transformers.AutoConfig.from_pretrained(path)
     cls = get_model_architecture(config)
     model = nnx.eval_shape(
-        lambda: cls(config, dtype=dtype, attn_backend=get_attention_backend("xla"), rngs=nnx.Rngs(0),
+        lambda: cls(config, dtype=dtype, attn_backend=get_attention_backend(backend), rngs=nnx.Rngs(0),
                     max_model_len=max_model_len)
     )
     weights = load_file(os.path.join(path, "model.safetensors"))
@@ -92,14 +93,14 @@ def hf_logits(hf_model, seq: Sequence[int]) -> np.ndarray:
 
 
 def run_parity(path: str, prompts: Sequence[Sequence[int]], steps: int = 32, chunk: int | None = None,
-               max_model_len: int | None = None) -> ParityResult:
+               max_model_len: int | None = None, backend: str = "xla") -> ParityResult:
     """Prefill all prompts in one padded step (or in chunks of ``chunk`` tokens), then greedy
     decode all sequences together over the paged cache for ``steps`` tokens.
 
     HF check, teacher-forced: one HF forward over prompt + our tokens gives, at each position,
     the logits HF's own greedy loop would see if its history equals ours; so our tokens are
     HF's greedy tokens iff each one is the argmax of HF's logits at the position before it."""
-    model, config, cls = build_model(path, max_model_len=max_model_len)
+    model, config, cls = build_model(path, max_model_len=max_model_len, backend=backend)
     runner = JaxRunner(model, config, cls)
     n = len(prompts)
     prompt_logits: list[list[np.ndarray]] = [[] for _ in range(n)]

@@ -52,6 +52,16 @@ def test_hf_parity(case: str, tmp_path, record_property) -> None:
     assert res.tokens_equal, f"ours {res.ours}\nhf   {res.ref}"
 
 
+def test_gemma3_through_the_pallas_kernels(tmp_path) -> None:
+    """Per-layer windows (4 on local layers, none on global ones) and Gemma's attention scale
+    reach the Pallas kernels (interpret mode on CPU): prompts in chunks of 5 read the window
+    from the cache, then decode steps."""
+    path = tm.make_tiny_model("gemma3", tmp_path / "gemma3")
+    res = run_parity(path, _prompts((9, 14)), steps=2, chunk=5, backend="pallas")
+    assert res.prefill_max_diff < TOL and res.decode_max_diff < TOL, (res.prefill_max_diff, res.decode_max_diff)
+    assert res.tokens_equal
+
+
 def test_gemma3_transformers4_config_layout_gives_the_same_layers() -> None:
     """4.x configs carry rope_theta/rope_scaling (global), rope_local_base_freq and
     sliding_window_pattern instead of 5.x's per-layer-type rope_parameters and layer_types."""
