@@ -45,9 +45,9 @@ def _build(
     config: transformers.PretrainedConfig, path: str | os.PathLike, seed: int, with_tokenizer: bool | None
 ) -> str:
     path = str(path)
-    fits = config.vocab_size >= BYTE_VOCAB
+    fits = config.get_text_config().vocab_size >= BYTE_VOCAB
     if with_tokenizer and not fits:
-        raise ValueError(f"vocab_size {config.vocab_size} too small for the byte tokenizer (needs {BYTE_VOCAB})")
+        raise ValueError(f"vocab_size {config.get_text_config().vocab_size} too small for the byte tokenizer (needs {BYTE_VOCAB})")
     if with_tokenizer is None:
         with_tokenizer = fits  # default: a tokenizer whenever the vocab can hold one
     torch.manual_seed(seed)
@@ -109,6 +109,14 @@ def tiny_config(family: str, **overrides: Any) -> transformers.PretrainedConfig:
             "qwen3": transformers.Qwen3Config,
         }[family]
         return cls(**kw)
+    if family == "gemma3_mm":  # Gemma 3's multimodal layout (4B and up): the tiny gemma3 + a vision tower
+        text = {k: v for k, v in tiny_config("gemma3").to_dict().items() if k in _DENSE_FAMILIES["gemma3"][1]
+                or k in _TINY_COMMON or k in ("rope_parameters", "layer_types", "rms_norm_eps")}
+        vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                      image_size=28, patch_size=14)
+        kw = dict(text_config=text, vision_config=vision, mm_tokens_per_image=4, initializer_range=0.1)
+        kw.update(overrides)
+        return transformers.Gemma3Config(**kw)
     if family in _DENSE_FAMILIES:
         cls, extra = _DENSE_FAMILIES[family]
         kw = dict(_TINY_COMMON, rms_norm_eps=1e-6, **extra)

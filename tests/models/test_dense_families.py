@@ -52,6 +52,23 @@ def test_hf_parity(case: str, tmp_path, record_property) -> None:
     assert res.tokens_equal, f"ours {res.ours}\nhf   {res.ref}"
 
 
+def test_gemma3_multimodal_checkpoint_serves_its_text_model(tmp_path) -> None:
+    """Gemma 3 4B and up are published as Gemma3ForConditionalGeneration (a vision tower beside
+    the language model): the engine runs on its text_config and reads the language model's
+    weights from under their prefix; logits equal transformers' on text."""
+    from jaxlm.config import LoadConfig, ModelConfig
+    from jaxlm.model_loader import resolve_model_config
+
+    path = tm.make_tiny_model("gemma3_mm", tmp_path / "gemma3_mm")
+    mc = resolve_model_config(ModelConfig(model=path), LoadConfig())
+    assert type(mc.hf_config).__name__ == "Gemma3TextConfig"
+    assert mc.hf_config.architectures == ["Gemma3ForConditionalGeneration"]
+    assert (mc.hf_config.vocab_size, mc.max_model_len) == (tm.VOCAB_SIZE, 256)
+    res = run_parity(path, _prompts((5, 11, 17)), steps=8)
+    assert res.prefill_max_diff < TOL and res.decode_max_diff < TOL, (res.prefill_max_diff, res.decode_max_diff)
+    assert res.tokens_equal
+
+
 def test_gemma3_through_the_pallas_kernels(tmp_path) -> None:
     """Per-layer windows (4 on local layers, none on global ones) and Gemma's attention scale
     reach the Pallas kernels (interpret mode on CPU): prompts in chunks of 5 read the window

@@ -19,6 +19,7 @@ BUILTIN = {
     "OPTForCausalLM",
     "GPT2LMHeadModel",
     "Gemma3ForCausalLM",
+    "Gemma3ForConditionalGeneration",
     "Phi3ForCausalLM",
     "SmolLM3ForCausalLM",
     "GraniteForCausalLM",
