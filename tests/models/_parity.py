@@ -141,3 +141,14 @@ def run_parity(path: str, prompts: Sequence[Sequence[int]], steps: int = 32, chu
         ref_toks.append([int(t) for t in np.argmax(ref[L - 1 :], axis=-1)])
     logger.info("prefill diff %.3g decode diff %.3g", prefill_diff, decode_diff)
     return ParityResult(prefill_diff, decode_diff, ours == ref_toks, ours, ref_toks)
+
+
+def assert_parity(res: ParityResult, case: str, record_property=None) -> None:
+    """Both logit diffs within TOL and the greedy tokens equal (diffs recorded and printed)."""
+    if record_property is not None:
+        record_property("prefill_max_diff", res.prefill_max_diff)
+        record_property("decode_max_diff", res.decode_max_diff)
+    print(f"{case}: prefill max|diff| {res.prefill_max_diff:.2e}, decode {res.decode_max_diff:.2e}")
+    assert res.prefill_max_diff < TOL, res.prefill_max_diff
+    assert res.decode_max_diff < TOL, res.decode_max_diff
+    assert res.tokens_equal, f"ours {res.ours}\nhf   {res.ref}"

@@ -14,7 +14,7 @@ import transformers
 from jaxlm.models import gemma3
 from jaxlm.models.rotary import RotaryEmbedding
 from tests.helpers import tiny_models as tm
-from tests.models._parity import TOL, run_parity
+from tests.models._parity import assert_parity, run_parity
 
 
 def _prompts(lens) -> list[list[int]]:
@@ -44,12 +44,7 @@ def test_hf_parity(case: str, tmp_path, record_property) -> None:
     family, overrides, lens, steps, chunk, max_model_len = CASES[case]
     path = tm.make_tiny_model(family, tmp_path / case, **overrides)
     res = run_parity(path, _prompts(lens), steps=steps, chunk=chunk, max_model_len=max_model_len)
-    record_property("prefill_max_diff", res.prefill_max_diff)
-    record_property("decode_max_diff", res.decode_max_diff)
-    print(f"{case}: prefill max|diff| {res.prefill_max_diff:.2e}, decode {res.decode_max_diff:.2e}")
-    assert res.prefill_max_diff < TOL, res.prefill_max_diff
-    assert res.decode_max_diff < TOL, res.decode_max_diff
-    assert res.tokens_equal, f"ours {res.ours}\nhf   {res.ref}"
+    assert_parity(res, case, record_property)
 
 
 def test_gemma3_multimodal_checkpoint_serves_its_text_model(tmp_path) -> None:
@@ -64,9 +59,7 @@ def test_gemma3_multimodal_checkpoint_serves_its_text_model(tmp_path) -> None:
     assert type(mc.hf_config).__name__ == "Gemma3TextConfig"
     assert mc.hf_config.architectures == ["Gemma3ForConditionalGeneration"]
     assert (mc.hf_config.vocab_size, mc.max_model_len) == (tm.VOCAB_SIZE, 256)
-    res = run_parity(path, _prompts((5, 11, 17)), steps=8)
-    assert res.prefill_max_diff < TOL and res.decode_max_diff < TOL, (res.prefill_max_diff, res.decode_max_diff)
-    assert res.tokens_equal
+    assert_parity(run_parity(path, _prompts((5, 11, 17)), steps=8), "gemma3_mm")
 
 
 def test_gemma3_through_the_pallas_kernels(tmp_path) -> None:
@@ -74,9 +67,7 @@ def test_gemma3_through_the_pallas_kernels(tmp_path) -> None:
     reach the Pallas kernels (interpret mode on CPU): prompts in chunks of 5 read the window
     from the cache, then decode steps."""
     path = tm.make_tiny_model("gemma3", tmp_path / "gemma3")
-    res = run_parity(path, _prompts((9, 14)), steps=2, chunk=5, backend="pallas")
-    assert res.prefill_max_diff < TOL and res.decode_max_diff < TOL, (res.prefill_max_diff, res.decode_max_diff)
-    assert res.tokens_equal
+    assert_parity(run_parity(path, _prompts((9, 14)), steps=2, chunk=5, backend="pallas"), "gemma3_pallas")
 
 
 def test_gemma3_transformers4_config_layout_gives_the_same_layers() -> None:
