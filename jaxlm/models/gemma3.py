@@ -23,6 +23,7 @@ from typing import Any
 
 from flax import nnx
 
+from jaxlm.models.config_values import config_float
 from jaxlm.models.llama import LlamaArgs, LlamaDecoderLayer, LlamaForCausalLM, rms_norm
 from jaxlm.models.registry import text_model_config
 from jaxlm.models.rotary import RotaryEmbedding
@@ -66,16 +67,16 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
     def make_args(cls, config: Any) -> LlamaArgs:
         if getattr(config, "use_bidirectional_attention", False):
             raise ValueError("Gemma 3 with use_bidirectional_attention (an embedding model) is not supported")
-        window = getattr(config, "sliding_window", None)
-        windows = tuple(window if t == SLIDING else None for t in layer_types(config))
+        window = config_float(config, "sliding_window", positive=True)
+        windows = tuple(int(window) if t == SLIDING and window is not None else None for t in layer_types(config))
         return dataclasses.replace(
             super().make_args(config),
             hidden_act=getattr(config, "hidden_activation", None) or "gelu_pytorch_tanh",
             sliding_windows=windows,
-            attn_scale=float(config.query_pre_attn_scalar) ** -0.5,
+            attn_scale=config_float(config, "query_pre_attn_scalar", positive=True) ** -0.5,
             norm_weight_offset=1.0,
             embedding_multiplier=float(config.hidden_size) ** 0.5,
-            final_logit_softcap=getattr(config, "final_logit_softcapping", None),
+            final_logit_softcap=config_float(config, "final_logit_softcapping", positive=True),
         )
 
     def layer_ropes(self, config: Any) -> tuple[RotaryEmbedding | None, ...]:

@@ -12,6 +12,7 @@ from typing import Any
 
 from flax import nnx
 
+from jaxlm.models.config_values import config_float
 from jaxlm.models.llama import LlamaArgs, LlamaDecoderLayer, LlamaForCausalLM
 
 
@@ -34,8 +35,8 @@ class GraniteForCausalLM(LlamaForCausalLM):
     def make_args(cls, config: Any) -> LlamaArgs:
         return dataclasses.replace(
             super().make_args(config),
-            attn_scale=float(config.attention_multiplier),
-            embedding_multiplier=float(config.embedding_multiplier),
-            residual_multiplier=float(config.residual_multiplier),
-            logits_scaling=float(config.logits_scaling),
+            attn_scale=config_float(config, "attention_multiplier", 1.0, positive=True),
+            embedding_multiplier=config_float(config, "embedding_multiplier", 1.0, positive=True),
+            residual_multiplier=config_float(config, "residual_multiplier", 1.0, positive=True),
+            logits_scaling=config_float(config, "logits_scaling", 1.0, positive=True),
         )

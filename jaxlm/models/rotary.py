@@ -29,6 +29,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxlm.models.config_values import check_float
+
 logger = logging.getLogger(__name__)
 
 _SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
@@ -124,8 +126,11 @@ class RotaryEmbedding:
                     max_model_len: int | None = None) -> "RotaryEmbedding":
         theta, rope_type, fields = get_rope_parameters(config, layer_type)
         f = dict(fields)
-        partial = f.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None))
-        rotary_dim = int(head_dim * float(partial)) if partial is not None and float(partial) != 1.0 else None
+        partial = check_float("partial_rotary_factor", f.get("partial_rotary_factor",
+                                                             getattr(config, "partial_rotary_factor", None)), positive=True)
+        if partial is not None and partial > 1:
+            raise ValueError(f"config partial_rotary_factor={partial}: must be in (0, 1]")
+        rotary_dim = int(head_dim * partial) if partial is not None and partial != 1.0 else None
         if rotary_dim is not None and (rotary_dim <= 0 or rotary_dim % 2):
             raise ValueError(f"partial_rotary_factor={partial} gives {rotary_dim} rotary features of a "
                              f"{head_dim}-wide head; an even number > 0 is needed")
@@ -156,17 +161,17 @@ def _longrope(cls: type, config: Any, head_dim: int, theta: float, f: dict, rota
     dim = rotary_dim or head_dim
     max_pos = int(config.max_position_embeddings)
     orig = f.get("original_max_position_embeddings") or getattr(config, "original_max_position_embeddings", None)
-    orig = int(orig or max_pos)
+    orig = int(check_float("original_max_position_embeddings", orig or max_pos, positive=True))
     factors = {}
     for key in ("long_factor", "short_factor"):
         value = f.get(key)
-        if value is None or len(value) != dim // 2:
+        if value is None or isinstance(value, str) or len(value) != dim // 2:
             raise ValueError(f"longrope rope_scaling needs {key} with {dim // 2} numbers (one per rotary "
                              f"frequency), got {value!r}")
-        factors[key] = value
+        factors[key] = tuple(check_float(key, v, positive=True) for v in value)
     use_long = (max_model_len if max_model_len is not None else max_pos) > orig
-    factor = f.get("factor") or max_pos / orig
-    attn = f.get("attention_factor")
+    factor = check_float("factor", f.get("factor"), positive=True) or max_pos / orig
+    attn = check_float("attention_factor", f.get("attention_factor"), positive=True)
     if attn is None:
         attn = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(orig))
     logger.info("longrope: %s factors (max_model_len %s, original_max_position_embeddings %d)",

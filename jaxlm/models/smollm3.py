@@ -19,7 +19,9 @@ def rope_layers(config: Any) -> tuple[bool, ...]:
     n = config.num_hidden_layers
     flags = getattr(config, "no_rope_layers", None)
     if flags is None:
-        interval = int(getattr(config, "no_rope_layer_interval", 4))
+        interval = getattr(config, "no_rope_layer_interval", 4)
+        if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+            raise ValueError(f"config no_rope_layer_interval={interval!r}: must be an integer >= 1")
         flags = [int((i + 1) % interval != 0) for i in range(n)]
     if len(flags) != n:
         raise ValueError(f"no_rope_layers has {len(flags)} entries for {n} layers")

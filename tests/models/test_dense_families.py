@@ -81,3 +81,34 @@ def test_gemma3_transformers4_config_layout_gives_the_same_layers() -> None:
                                                                  "full_attention") * 2
     local, glob = RotaryEmbedding(32, 1e4), RotaryEmbedding(32, 1e6, "linear", (("factor", 8.0),))
     assert gemma3.layer_ropes(old, 32) == gemma3.layer_ropes(new, 32) == (local, local, glob) * 2
+
+
+@pytest.mark.parametrize("family,key,value,message", [
+    ("gemma3", "query_pre_attn_scalar", 0, "query_pre_attn_scalar=0: must be a finite number > 0"),
+    ("gemma3", "query_pre_attn_scalar", -4, "query_pre_attn_scalar=-4: must be a finite number > 0"),
+    ("gemma3", "final_logit_softcapping", float("nan"), "final_logit_softcapping=nan"),
+    ("gemma3", "sliding_window", 0, "sliding_window=0: must be a finite number > 0"),
+    ("granite", "logits_scaling", 0.0, "logits_scaling=0.0: must be a finite number > 0"),
+    ("granite", "attention_multiplier", float("inf"), "attention_multiplier=inf"),
+    ("granite", "embedding_multiplier", -3.0, "embedding_multiplier=-3.0: must be a finite number > 0"),
+    ("smollm3", "no_rope_layer_interval", 0, "no_rope_layer_interval=0: must be an integer >= 1"),
+    ("phi3", "partial_rotary_factor", 1.5, r"partial_rotary_factor=1.5: must be in \(0, 1\]"),
+])
+def test_bad_config_values_are_named(family, key, value, message) -> None:
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from jaxlm.models.registry import ModelRegistry
+
+    cfg = tm.tiny_config(family)
+    if key == "partial_rotary_factor":
+        cfg.rope_parameters[key] = value
+    else:
+        setattr(cfg, key, value)
+    if family == "smollm3":
+        cfg.no_rope_layers = None  # derived from the interval
+    arch = {"gemma3": "Gemma3ForCausalLM", "granite": "GraniteForCausalLM", "smollm3": "SmolLM3ForCausalLM",
+            "phi3": "Phi3ForCausalLM"}[family]
+    cls, _ = ModelRegistry.resolve_model_cls([arch])
+    with pytest.raises(ValueError, match=message):
+        nnx.eval_shape(lambda: cls(cfg, dtype=jnp.float32, attn_backend=None, rngs=nnx.Rngs(0)))
