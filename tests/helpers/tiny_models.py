@@ -10,6 +10,7 @@ one (tests/helpers/tiny_tokenizer.py writes every tokenizer the tests use).
 
 from __future__ import annotations
 
+import copy
 import os
 from typing import Any
 
@@ -119,7 +120,7 @@ def tiny_config(family: str, **overrides: Any) -> transformers.PretrainedConfig:
         return transformers.Gemma3Config(**kw)
     if family in _DENSE_FAMILIES:
         cls, extra = _DENSE_FAMILIES[family]
-        kw = dict(_TINY_COMMON, rms_norm_eps=1e-6, **extra)
+        kw = dict(_TINY_COMMON, rms_norm_eps=1e-6, **copy.deepcopy(extra))  # configs keep the dicts given
         kw.update(overrides)
         return cls(**kw)
     if family == "opt":
