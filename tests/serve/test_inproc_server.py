@@ -150,3 +150,13 @@ def test_idle_gauges_after_disconnects(plain):
                        extra_body={"ignore_eos": True})
     values = assert_idle_gauges(plain.metrics)
     assert metric(values, "vllm:num_requests_running", engine="0", model_name=MODEL) == 0.0
+
+
+def test_an_unreadable_message_is_a_400_naming_messages(templated):
+    bad = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]
+    with templated.http() as http:
+        for path, body in (("/v1/chat/completions", {"max_tokens": 2}), ("/tokenize", {})):
+            r = http.post(path, json={"model": MODEL, "messages": bad, **body})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.text
+            assert "image_url" in r.json()["error"]["message"]
+        assert http.get("/health").status_code == 200
