@@ -29,11 +29,8 @@ LOOP_TEMPLATE = "{% for i in range(100000) %}{% for j in range(1000) %}x{% endfo
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    from tests.helpers.tiny_models import make_tiny_engine_model
-
-    model = make_tiny_engine_model("llama", tmp_path_factory.mktemp("llama"))
-    srv = ServerProcess(model, [
+def server(tiny_llama):
+    srv = ServerProcess(tiny_llama, [
         "--served-model-name", "tiny", "--api-key", KEY, "--trust-request-chat-template",
         "--chat-template-timeout", str(TEMPLATE_TIMEOUT_S), "--max-request-body-bytes", str(BODY_LIMIT),
         "--request-header-timeout", "2", "--max-prompts-per-request", "16", "--max-num-queued-reqs", "32",
@@ -156,6 +153,8 @@ def test_probes_are_open_and_version_is_the_package_version(server):
     assert httpx.get(server.base + "/health").status_code == 200
     assert httpx.get(server.base + "/metrics").status_code == 200
     assert httpx.get(server.base + "/version").json() == {"version": jaxlm.__version__}
+    # --uvicorn-log-level warning (TINY_ENGINE_FLAGS): none of uvicorn's info lines (test_cli: the default).
+    assert "Application startup complete" not in server.output() and "Uvicorn running" not in server.output()
 
 
 def test_slow_headers_are_cut_off(server, http, greedy_text):

@@ -22,13 +22,6 @@ GREEDY = {"model": "tiny", "prompt": "The capital of France is", "max_tokens": 1
           "ignore_eos": True}
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory) -> str:
-    from tests.helpers.tiny_models import make_tiny_engine_model
-
-    return make_tiny_engine_model("llama", tmp_path_factory.mktemp("llama"))
-
-
 def _stream_events(base: str, body: dict, first: threading.Event, events: list) -> None:
     try:
         with httpx.Client(base_url=base, timeout=60) as c:
@@ -42,13 +35,15 @@ def _stream_events(base: str, body: dict, first: threading.Event, events: list) 
     first.set()
 
 
-def test_faults_one_request_fails_alone_then_a_model_fault_exits(model):
-    srv = ServerProcess(model, ["--served-model-name", "tiny"], fault_patch=True,
-                        env={"JAXLM_TEST_FAULT": "poison,kill"})
+def test_faults_one_request_fails_alone_then_a_model_fault_exits(tiny_llama):
+    # Slow steps (50 ms) and 120-token streams (>= 6 s): the kill request reaches the engine
+    # while both streams are open, however loaded the machine.
+    srv = ServerProcess(tiny_llama, ["--served-model-name", "tiny"], fault_patch=True,
+                        env={"JAXLM_TEST_FAULT": "poison,kill,slow"})
     try:
         http = httpx.Client(base_url=srv.base, timeout=60)
         want = http.post("/v1/completions", json=GREEDY).json()["choices"][0]["text"]
-        _second_server_on_the_port_fails_at_once(model, srv)
+        _second_server_on_the_port_fails_at_once(tiny_llama, srv)
         # One poisoned request among healthy ones: only it fails.
         results: dict[str, httpx.Response] = {}
         threads = [threading.Thread(target=lambda rid=rid: results.__setitem__(
@@ -69,7 +64,7 @@ def test_faults_one_request_fails_alone_then_a_model_fault_exits(model):
         # Two open streams, then a request that breaks the model step.
         streams = [([], threading.Event()) for _ in range(2)]
         workers = [threading.Thread(target=_stream_events, args=(
-            srv.base, {**GREEDY, "max_tokens": 110, "prompt": p}, first, events))
+            srv.base, {**GREEDY, "max_tokens": 120, "prompt": p}, first, events))
             for (events, first), p in zip(streams, ["Hello", "The quick"])]
         for w in workers:
             w.start()
