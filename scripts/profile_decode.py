@@ -134,7 +134,7 @@ def main() -> None:
     (body, body_args), (sample, sample_args) = calls["body"], calls["sample"]
     body_key = next(k for k, v in runner._body.items() if v.fn is body)
     sample_key = next(k for k, v in runner._sample.items() if v.fn is sample)
-    print(f"batch-1 decode step: body{body_key}, sample{(sample_key[0], sample_key[1].name)}; "
+    print(f"batch-1 decode step: body{body_key}, sample{sample_key}; "
           f"jax {jax.__version__} on {jax.devices()[0].device_kind}")
 
     def step():
