@@ -15,16 +15,13 @@ from __future__ import annotations
 import functools
 import itertools
 import operator
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
 from jaxlm.core.outputs import EngineCoreOutputBatch, FinishReason, LogprobsLists, ModelRunnerOutput
 from jaxlm.core.request import Request, RequestStatus
 from jaxlm.core.sched_output import SchedulerOutput
-
-if TYPE_CHECKING:  # for annotations only; the scheduler imports this module
-    from jaxlm.core.scheduler import Scheduler
 
 _repeat = itertools.repeat
 _status = operator.attrgetter("status")
@@ -48,7 +45,9 @@ def set_all(items: list, name: str, values: list) -> None:
     list(map(setattr, items, _repeat(name), values))
 
 
-def update_from_output(sched: "Scheduler", so: SchedulerOutput, mro: ModelRunnerOutput) -> EngineCoreOutputBatch:
+def update_from_output(sched: Any, so: SchedulerOutput, mro: ModelRunnerOutput) -> EngineCoreOutputBatch:
+    """`sched`: the Scheduler (its requests, KV cache manager and batch hooks); not imported
+    here, so the scheduler alone depends on this module."""
     pending, sched._pending_outputs = sched._pending_outputs, []
     ids = list(so.num_scheduled_tokens)
     reqs = list(map(sched.requests.get, ids))
@@ -67,7 +66,7 @@ def update_from_output(sched: "Scheduler", so: SchedulerOutput, mro: ModelRunner
 class _Step:
     """One update: arrays over the step's requests (index i) and their new tokens (index j)."""
 
-    def __init__(self, sched: "Scheduler", mro: ModelRunnerOutput, ids: list[str], reqs: list[Request],
+    def __init__(self, sched: Any, mro: ModelRunnerOutput, ids: list[str], reqs: list[Request],
                  n_sched: np.ndarray, statuses: np.ndarray) -> None:
         self.sched, self.mro, self.ids, self.reqs = sched, mro, ids, reqs
         self.n_sched, self.statuses = n_sched, statuses
