@@ -69,34 +69,20 @@ def check_kernels(interpret: bool) -> list[str]:
     return failures
 
 
-def _hf_greedy(path: str, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
-    import torch
-    import transformers
-
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    outs = []
-    with torch.no_grad():
-        for p in prompts:
-            ids = model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                                 max_new_tokens=max_tokens, do_sample=False, pad_token_id=0)
-            outs.append(ids[0, len(p):].tolist())
-    return outs
-
-
 def check_parity(workdir: str, backends: list[str]) -> list[str]:
     """Greedy tokens of the engine against transformers, per attention backend."""
     import jax
     import numpy as np
 
     from jaxlm import LLM, SamplingParams
+    from tests.engine.test_llm_engine_parity import MAX_TOKENS as max_tokens, _hf_greedy
     from tests.helpers.tiny_models import make_tiny_engine_model
 
     jax.config.update("jax_default_matmul_precision", "highest")  # no TF32 in the f32 reference run
     path = make_tiny_engine_model("llama", os.path.join(workdir, "tiny_llama"))
     rng = np.random.default_rng(0)
     prompts = [rng.integers(3, 384, n).tolist() for n in (3, 9, 17, 33, 64, 5)]
-    max_tokens = 24
-    want = _hf_greedy(path, prompts, max_tokens)
+    want = _hf_greedy(path, prompts)  # the parity test's reference: transformers' greedy generate
     failures = []
     for backend in backends:
         llm = LLM(model=path, dtype="float32", attention_backend=backend, max_num_seqs=8, max_model_len=256,
