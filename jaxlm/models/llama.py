@@ -10,7 +10,7 @@ GQA/MQA through num_key_value_heads; any head_dim; tied or untied embeddings.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
 from flax import nnx
 
@@ -108,13 +108,19 @@ class LlamaAttention(nnx.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def __call__(self, x, positions, kv_cache, md: AttentionMetadata):
+    def project_qkv(self, x):
+        """q [T, heads, D], k and v [T, KV heads, D], before rope (OLMoE overrides the norms)."""
         T = x.shape[0]
         q = self.q_proj(x).reshape(T, self.num_heads, self.head_dim)
         k = self.k_proj(x).reshape(T, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).reshape(T, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
+        return q, k, v
+
+    def __call__(self, x, positions, kv_cache, md: AttentionMetadata):
+        T = x.shape[0]
+        q, k, v = self.project_qkv(x)
         q, k = self.rotary_emb(positions, q, k)
         out, kv_cache = self.attn_backend(q, k, v, kv_cache, md, scale=self.scale, sliding_window=self.sliding_window)
         return self.o_proj(out.reshape(T, self.num_heads * self.head_dim)), kv_cache
@@ -134,9 +140,15 @@ class LlamaMLP(nnx.Module):
 
 
 class LlamaDecoderLayer(nnx.Module):
-    def __init__(self, args: LlamaArgs, layer_idx: int, rope, *, dtype, attn_backend, rngs: nnx.Rngs):
-        self.self_attn = LlamaAttention(args, layer_idx, rope, dtype=dtype, attn_backend=attn_backend, rngs=rngs)
-        self.mlp = LlamaMLP(args, dtype=dtype, rngs=rngs)
+    """Pre-norm attention + MLP. A family may hand in its own attention or MLP module (OLMoE's
+    attention, the MoE block): one decoder layer for every Llama-like family."""
+
+    def __init__(self, args: LlamaArgs, layer_idx: int, rope, *, dtype, attn_backend, rngs: nnx.Rngs,
+                 self_attn: nnx.Module | None = None, mlp: nnx.Module | None = None):
+        if self_attn is None:
+            self_attn = LlamaAttention(args, layer_idx, rope, dtype=dtype, attn_backend=attn_backend, rngs=rngs)
+        self.self_attn = self_attn
+        self.mlp = LlamaMLP(args, dtype=dtype, rngs=rngs) if mlp is None else mlp
         self.input_layernorm = RMSNorm(args.hidden_size, eps=args.rms_norm_eps, dtype=dtype, rngs=rngs)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, eps=args.rms_norm_eps, dtype=dtype, rngs=rngs)
 
@@ -148,11 +160,12 @@ class LlamaDecoderLayer(nnx.Module):
 
 
 class LlamaModel(DecoderStack):
-    def __init__(self, args: LlamaArgs, rope, *, dtype, attn_backend, rngs: nnx.Rngs):
+    def __init__(self, args: LlamaArgs, rope, *, dtype, attn_backend, rngs: nnx.Rngs,
+                 layer_cls: Callable[..., nnx.Module] = LlamaDecoderLayer):
         self.embed_tokens = Embedding(args.vocab_size, args.hidden_size, dtype=dtype, rngs=rngs)
         self.layers = nnx.List(
             [
-                LlamaDecoderLayer(args, i, rope, dtype=dtype, attn_backend=attn_backend, rngs=rngs)
+                layer_cls(args, i, rope, dtype=dtype, attn_backend=attn_backend, rngs=rngs)
                 for i in range(args.num_layers)
             ]
         )
@@ -179,7 +192,12 @@ class LlamaForCausalLM(CausalLMBase):
 
     def build(self, config: Any, rngs: nnx.Rngs) -> None:
         rope = RotaryEmbedding.from_config(config, self.args.head_dim)
-        self.model = LlamaModel(self.args, rope, dtype=self.dtype, attn_backend=self.attn_backend, rngs=rngs)
+        self.model = LlamaModel(self.args, rope, dtype=self.dtype, attn_backend=self.attn_backend, rngs=rngs,
+                                layer_cls=self.decoder_layer_cls())
+
+    def decoder_layer_cls(self) -> Callable[..., nnx.Module]:
+        """Builds one decoder layer: ``(args, layer_idx, rope, *, dtype, attn_backend, rngs)``."""
+        return LlamaDecoderLayer
 
     def decoder(self) -> nnx.Module:
         return self.model
