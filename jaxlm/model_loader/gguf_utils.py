@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxlm.model_loader import gguf_moe
 from jaxlm.model_loader.gguf_reader import GGUFFile, GGUFTensorInfo
 from jaxlm.model_loader.errors import (
     CorruptCheckpointError,
@@ -50,8 +51,11 @@ def _field(reader: GGUFFile, key: str, default: Any = None) -> Any:
     return reader.fields.get(key, default)
 
 
-def gguf_hf_name(gguf_name: str) -> str | None:
-    """HF parameter name for a llama/qwen2 GGUF tensor name; None for tensors HF does not keep."""
+def gguf_hf_name(gguf_name: str, arch: str = "llama") -> str | None:
+    """HF parameter name for a GGUF tensor name; None for tensors HF does not keep; "" unknown."""
+    moe = gguf_moe.moe_hf_name(arch, gguf_name)
+    if moe is not None:
+        return moe
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     if gguf_name in _SKIPPED:
@@ -93,6 +97,11 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "llama": GGUFArch("LlamaForCausalLM", permuted_qk=True, explicit_head_dim=True, attention_bias_from_tensors=True),
     "qwen2": GGUFArch("Qwen2ForCausalLM", permuted_qk=False, explicit_head_dim=False,
                       attention_bias_from_tensors=False),
+    # Mixture of experts (jaxlm.model_loader.gguf_moe); Mixtral is "llama" with experts.
+    "qwen2moe": GGUFArch("Qwen2MoeForCausalLM", permuted_qk=False, explicit_head_dim=False,
+                         attention_bias_from_tensors=False),
+    "qwen3moe": GGUFArch("Qwen3MoeForCausalLM", permuted_qk=False, explicit_head_dim=True,
+                         attention_bias_from_tensors=True),
 }
 
 
@@ -142,6 +151,8 @@ def gguf_config_dict(reader: GGUFFile, path: str) -> dict[str, Any]:
         v = _field(reader, f"tokenizer.ggml.{gguf_key}")
         if v is not None:
             cfg[hf_key] = int(v)
+    if gguf_moe.is_moe(arch, get):
+        cfg.update(gguf_moe.moe_config(arch, get, tensor_names, cfg["num_hidden_layers"]))
     return cfg
 
 
@@ -205,12 +216,16 @@ def iterate_gguf_weights(reader: GGUFFile, path: str) -> Iterator[tuple[str, np.
     heads = int(_field(reader, f"{arch}.attention.head_count"))
     kv_heads = int(_field(reader, f"{arch}.attention.head_count_kv", heads))
     for t in reader.tensors:
-        hf_name = gguf_hf_name(t.name)
+        if gguf_moe.is_stacked_experts(t.name):
+            # One stacked tensor on the host at a time, handed on expert by expert.
+            yield from gguf_moe.split_experts(arch, t.name, _tensor_array(reader, t))
+            continue
+        hf_name = gguf_hf_name(t.name, arch)
         if hf_name is None:
             continue
         if hf_name == "":
             raise UnexpectedWeightError(path, t.name)
-        arr = _tensor_array(reader, t)
+        arr = gguf_moe.fix_shape(hf_name, _tensor_array(reader, t))
         if spec.permuted_qk and hf_name.endswith(("q_proj.weight", "q_proj.bias")):
             arr = unpermute_qk(arr, heads)
         elif spec.permuted_qk and hf_name.endswith(("k_proj.weight", "k_proj.bias")):
