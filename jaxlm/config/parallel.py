@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 
 from jaxlm.config.utils import arg
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -42,6 +45,12 @@ class ParallelConfig:
                      "distributed_timeout_seconds"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not isinstance(self.enable_expert_parallel, bool):
+            raise ValueError(f"enable_expert_parallel must be true or false, got {self.enable_expert_parallel!r}")
+        if self.enable_expert_parallel and self.data_parallel_size > 1:
+            logger.warning("--enable-expert-parallel spreads the experts over each engine core's %d tensor-parallel "
+                           "device(s), not across the %d -dp cores: each core holds every expert",
+                           self.tensor_parallel_size, self.data_parallel_size)
         self._from_jax_environment()
         if not 0 <= self.node_rank < self.nnodes:
             raise ValueError(f"node_rank={self.node_rank} must be in [0, nnodes={self.nnodes})")

@@ -18,6 +18,10 @@ BUILTIN = {
     "Qwen3ForCausalLM",
     "OPTForCausalLM",
     "GPT2LMHeadModel",
+    "MixtralForCausalLM",
+    "Qwen2MoeForCausalLM",
+    "Qwen3MoeForCausalLM",
+    "OlmoeForCausalLM",
 }
 
 
