@@ -154,12 +154,15 @@ class CausalLMBase(nnx.Module):
     def __init__(
         self, config: Any, *, dtype: jnp.dtype, attn_backend, rngs: nnx.Rngs, mesh: Mesh | None = None,
         enable_expert_parallel: bool = False,
+        max_model_len: int | None = None,
     ):
         # Static attributes (hashable, so the graphdef can key a jit cache).
         self.dtype = jnp.dtype(dtype)
         self.mesh = mesh
         # MoE families: whole experts per device on the "model" axis instead of split experts.
         self.enable_expert_parallel = bool(enable_expert_parallel)
+        # The engine's context length (None: the model's own); longrope picks its factors by it.
+        self.max_model_len = max_model_len
         self.attn_backend = attn_backend
         tp = mesh.shape.get(MODEL_AXIS, 1) if mesh is not None else 1
         # A ("stage", "data", "model") mesh: pipeline parallel, one sub-mesh per stage.

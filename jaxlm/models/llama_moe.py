@@ -73,7 +73,9 @@ class LlamaMoEForCausalLM(LlamaForCausalLM):
             return None
         return stage_mesh(self.mesh, 0).abstract_mesh if self.pipeline_size > 1 else self.mesh
 
+    @property
     def decoder_layer_cls(self) -> Callable[..., nnx.Module]:
+        """The Llama layer with the MoE block on the sparse layers (a factory, not a class)."""
         return functools.partial(moe_decoder_layer, mesh=self._moe_mesh(),
                                  expert_parallel=self.enable_expert_parallel, attention_cls=self.attention_cls())
 

@@ -55,6 +55,10 @@ class MoEArgs:
         step = int(getattr(config, "decoder_sparse_step", 1) or 1)
         dense = set(getattr(config, "mlp_only_layers", None) or ())
         top_k = int(config.num_experts_per_tok)
+        for name, value in (("num_experts", num_experts), ("the experts' intermediate size", intermediate_size),
+                            ("decoder_sparse_step", step)):
+            if int(value) < 1:
+                raise ValueError(f"the model config's {name} must be >= 1, got {value}")
         if not 0 < top_k <= num_experts:
             raise ValueError(f"num_experts_per_tok={top_k} must be in [1, num_experts={num_experts}]")
         return cls(

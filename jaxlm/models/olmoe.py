@@ -10,8 +10,7 @@ from typing import Any, Callable
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxlm.models.layers import RMSNorm
-from jaxlm.models.llama import LlamaArgs, LlamaAttention
+from jaxlm.models.llama import LlamaArgs, LlamaAttention, rms_norm
 from jaxlm.models.llama_moe import LlamaMoEForCausalLM
 from jaxlm.models.moe import MoEArgs
 
@@ -22,8 +21,8 @@ class OlmoeAttention(LlamaAttention):
         super().__init__(args, layer_idx, rope, dtype=dtype, attn_backend=attn_backend, rngs=rngs)
         d = args.head_dim
         # Llama left these None (static); nnx.data makes them sub-modules.
-        self.q_norm = nnx.data(RMSNorm(args.num_heads * d, eps=args.rms_norm_eps, dtype=dtype, rngs=rngs))
-        self.k_norm = nnx.data(RMSNorm(args.num_kv_heads * d, eps=args.rms_norm_eps, dtype=dtype, rngs=rngs))
+        self.q_norm = nnx.data(rms_norm(args, args.num_heads * d, dtype=dtype, rngs=rngs))
+        self.k_norm = nnx.data(rms_norm(args, args.num_kv_heads * d, dtype=dtype, rngs=rngs))
         if args.kv_repeat > 1:
             # KV heads repeated for tensor parallel: the norm's weight repeats with them (its
             # mean over the repeated projection is the checkpoint's mean).

@@ -22,6 +22,11 @@ BUILTIN = {
     "Qwen2MoeForCausalLM",
     "Qwen3MoeForCausalLM",
     "OlmoeForCausalLM",
+    "Gemma3ForCausalLM",
+    "Gemma3ForConditionalGeneration",
+    "Phi3ForCausalLM",
+    "SmolLM3ForCausalLM",
+    "GraniteForCausalLM",
 }
 
 
