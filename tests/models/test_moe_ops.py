@@ -56,7 +56,7 @@ def _dense_reference(x, ids, weights, w_gate_up, w_down):
     return np.stack([sum(weights[t, j] * y[ids[t, j], t] for j in range(ids.shape[1])) for t in range(T)])
 
 
-@pytest.mark.parametrize("E,k,T,num_shards", [(5, 3, 13, 1), (8, 2, 9, 4), (6, 1, 32, 2)])
+@pytest.mark.parametrize("E,k,T,num_shards", [(5, 3, 13, 1), (8, 2, 9, 4)])
 def test_grouped_mlp_matches_every_expert_on_every_token(E, k, T, num_shards):
     rng = np.random.default_rng(E * 100 + T)
     H, I = 16, 12
