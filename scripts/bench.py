@@ -7,6 +7,7 @@
     python scripts/bench.py --sampling                        # decode with every sampling filter on vs greedy
     python scripts/bench.py --structured                      # decode under a JSON schema vs none, batch 1 and 16
     python scripts/bench.py --host-overhead                   # tiny model: ms per decode step at batch 1/8/64, by part
+    python scripts/bench.py --moe --vs-hf                     # synthetic MoE: 64 vs 8 experts, EP=4 bytes, vs HF
 
 Bucket configs: pow2 (the engine default), pow4, linear:STEP, a comma list of token buckets,
 tokens=A;seqs=B (each any of those), auto (derived by simulating the scheduler on the workload
@@ -266,6 +267,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--structured", action="store_true", help="decode under a JSON schema vs none")
     p.add_argument("--host-overhead", action="store_true",
                    help="ms per decode step of a tiny model at batch 1/8/64, by part, sync and async scheduling")
+    p.add_argument("--moe", action="store_true",
+                   help="synthetic MoE (hidden 512, 4 layers, top-2): batch-64 decode step at 64 vs 8 experts, "
+                        "per-device bytes at EP=4; then the usual run (and --vs-hf) on the 64-expert model")
+    p.add_argument("--moe-expert-size", type=int, default=512, help="--moe: intermediate size of one expert")
+    p.add_argument("--moe-vocab", type=int, default=8192, help="--moe: vocabulary size")
     p.add_argument("--workdir", default="/tmp/jaxlm_bench", help="scratch space (compile caches, GGUF export)")
     return p.parse_args(argv)
 
@@ -284,6 +290,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.sampling:
         bench_engine.bench_sampling(args.model, args.dtype)
         return
+    if args.moe:
+        import bench_moe  # scripts/bench_moe.py
+
+        args.model = bench_moe.run(args)
     vocab, tok, mc = _model_info(args)
     try:
         wl = _workload(args, vocab, tok, mc.max_model_len)
