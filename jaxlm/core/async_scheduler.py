@@ -89,6 +89,13 @@ class AsyncScheduler(Scheduler):
         left = gather(_placeholders, arrived)
         set_all(arrived, "num_output_placeholders", np.maximum(left - 1, 0).tolist())
 
+    def _one_token_arrived(self, requests: list[Request], num_scheduled) -> bool:
+        # Counted when scheduled; one in-flight token fewer each.
+        set_all(requests, "num_output_placeholders",
+                list(map(max, map(operator.sub, map(_placeholders, requests), itertools.repeat(1)),
+                         itertools.repeat(0))))
+        return True
+
     def _preempt(self, request: Request) -> None:
         super()._preempt(request)
         request.num_output_placeholders = 0  # its in-flight token is appended on arrival

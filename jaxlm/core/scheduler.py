@@ -27,6 +27,7 @@ from jaxlm.core.stats import SchedulerStats
 
 logger = logging.getLogger(__name__)
 _computed = operator.attrgetter("num_computed_tokens")
+_all_tokens = operator.attrgetter("all_token_ids")
 
 
 class Scheduler:
@@ -230,6 +231,16 @@ class Scheduler:
         """A step's tokens are computed (sync: counted when its output comes back)."""
         step_update.set_all(requests, "num_computed_tokens",
                             list(map(operator.add, map(_computed, requests), num_scheduled.tolist())))
+
+    def _one_token_arrived(self, requests: list[Request], num_scheduled: Iterable[int]) -> bool:
+        """decode_update's form of the two hooks above, over lists: each request sampled one
+        token. Sync: count the step's tokens computed; False (nothing changed) if one of them
+        was a prompt chunk short of its end."""
+        computed = list(map(operator.add, map(_computed, requests), num_scheduled))
+        if computed != list(map(len, map(_all_tokens, requests))):
+            return False
+        step_update.set_all(requests, "num_computed_tokens", computed)
+        return True
 
     def _takes_output_mask(self, statuses: np.ndarray) -> np.ndarray:
         """Whether a step's output still applies to each request (sync: running ones only)."""

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from jaxlm.core import decode_update
 from jaxlm.core.outputs import EngineCoreOutputBatch, FinishReason, LogprobsLists, ModelRunnerOutput
 from jaxlm.core.request import Request, RequestStatus
 from jaxlm.core.sched_output import SchedulerOutput
@@ -48,6 +49,9 @@ def set_all(items: list, name: str, values: list) -> None:
 def update_from_output(sched: Any, so: SchedulerOutput, mro: ModelRunnerOutput) -> EngineCoreOutputBatch:
     """`sched`: the Scheduler (its requests, KV cache manager and batch hooks); not imported
     here, so the scheduler alone depends on this module."""
+    fast = decode_update.try_update(sched, so, mro)  # the usual decode step, without numpy
+    if fast is not None:
+        return fast
     pending, sched._pending_outputs = sched._pending_outputs, []
     ids = list(so.num_scheduled_tokens)
     reqs = list(map(sched.requests.get, ids))
