@@ -117,6 +117,10 @@ class SamplingInputBuilder:
         self._history: set[str] = set()
         # The per-step values of every request, gathered per step by index (see rows.py).
         self._rows = SamplingRows()
+        # The last step's (req_ids, rows version, variant) and (req_ids, rows version, HostArrays):
+        # consecutive decode steps of one batch reuse them (see variant_of and build_host).
+        self._last_variant: tuple = ((), -1, None)
+        self._last_host: tuple = ((), -1, None)
 
     # ------------------------------------------------------------ validation
 
@@ -290,8 +294,13 @@ class SamplingInputBuilder:
     def variant_of(self, req_ids: Sequence[str]) -> SamplerVariant:
         """The cheapest of `variants()` that covers what these requests need: compute it once
         per step and pass it to build()."""
+        ids, version, variant = self._last_variant
+        if version == self._rows.version and req_ids == ids:  # the same rows as the last step
+            return variant
         need = self._rows.need[self._rows.slots(req_ids)].any(axis=0)
-        return covering_variant(SamplerVariant(*map(bool, need)), self._variants)
+        variant = covering_variant(SamplerVariant(*map(bool, need)), self._variants)
+        self._last_variant = (list(req_ids), self._rows.version, variant)
+        return variant
 
     def build(self, req_ids: Sequence[str], num_rows: int,
               variant: SamplerVariant | None = None) -> SamplingMetadata:
@@ -312,6 +321,15 @@ class SamplingInputBuilder:
             raise ValueError(f"{n} requests do not fit in {num_rows} rows")
         if variant is None:
             variant = self.variant_of(req_ids)
+        ids, version, last = self._last_host
+        if (last is not None and version == self._rows.version and last.num_rows == num_rows
+                and last.variant == variant and req_ids == ids):
+            # The same rows as the last step: only the random rows' uniforms move on (processor
+            # rows read their history and constrained steps fill a mask: never reused).
+            if not variant.random:
+                return last
+            return HostArrays({**last.fields, "uniform": self._uniforms(req_ids, num_rows, True)}, variant,
+                              self.max_logprobs, self.num_candidates)
         r, v = num_rows, self.vocab_size
         # Greedy and padding rows: temperature 1, no filters, min_p = 1 (only the max survives)
         # with the smallest uniform (the first max: jnp.argmax's tie rule). In a random batch
@@ -325,13 +343,25 @@ class SamplingInputBuilder:
             rows, idx = self._rows, self._rows.slots(req_ids)
             for name in ("temperature", "top_k", "top_p", "min_p"):
                 f[name][:n] = getattr(rows, name)[idx]
-            u = row_uniforms(rows.stream[idx], rows.num_output[idx])
-            f["uniform"][:n] = np.where(rows.greedy[idx], _MIN_UNIFORM, u)
+            f["uniform"] = self._uniforms(req_ids, r, variant.random)
         if variant.processors:
             self._fill_processors(f, [self._reqs[q] for q in req_ids], r, v)
         if variant.structured:  # every token allowed; the runner fills the constrained rows
             f["bitmask"] = np.full((r, bitmask_width(v)), -1, np.int32)
-        return HostArrays(f, variant, self.max_logprobs, self.num_candidates)
+        host = HostArrays(f, variant, self.max_logprobs, self.num_candidates)
+        cacheable = n and not (variant.processors or variant.structured)
+        self._last_host = (list(req_ids), self._rows.version, host) if cacheable else ((), -1, None)
+        return host
+
+    def _uniforms(self, req_ids: Sequence[str], num_rows: int, random: bool) -> np.ndarray:
+        """[num_rows] this step's uniforms: row_uniforms for sampling rows, the smallest for
+        greedy and padding rows (all of them unless `random`)."""
+        u = np.full(num_rows, _MIN_UNIFORM, np.float32)
+        if not random:
+            return u
+        rows, idx, n = self._rows, self._rows.slots(req_ids), len(req_ids)
+        u[:n] = np.where(rows.greedy[idx], _MIN_UNIFORM, row_uniforms(rows.stream[idx], rows.num_output[idx]))
+        return u
 
     def _fill_processors(self, f: dict[str, np.ndarray], states: list[_ReqState], r: int, v: int) -> None:
         f["presence_penalty"] = np.zeros(r, np.float32)

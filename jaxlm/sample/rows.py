@@ -20,6 +20,8 @@ class SamplingRows:
         self._slot: dict[str, int] = {}
         self._free: list[int] = []
         self._last: tuple = (None, None)  # (req_ids, their slots) of the last slots() call
+        # Bumped whenever a row is written or freed: a step's rows are unchanged while it holds.
+        self.version = 0
         self._alloc(capacity)
 
     def _alloc(self, capacity: int) -> None:
@@ -40,6 +42,7 @@ class SamplingRows:
     def add(self, req_id: str, values: dict, need: Sequence[bool]) -> None:
         """(Re)write req_id's row: values holds temperature, top_k, top_p, min_p, stream, greedy."""
         self._last = (None, None)
+        self.version += 1
         slot = self._slot.get(req_id)
         if slot is None:
             if not self._free:
@@ -53,6 +56,7 @@ class SamplingRows:
 
     def remove(self, req_id: str) -> None:
         self._last = (None, None)
+        self.version += 1
         slot = self._slot.pop(req_id, None)
         if slot is not None:
             self._free.append(slot)
