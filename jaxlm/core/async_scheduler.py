@@ -90,10 +90,12 @@ class AsyncScheduler(Scheduler):
         set_all(arrived, "num_output_placeholders", np.maximum(left - 1, 0).tolist())
 
     def _one_token_arrived(self, requests: list[Request], num_scheduled) -> bool:
-        # Counted when scheduled; one in-flight token fewer each.
-        set_all(requests, "num_output_placeholders",
-                list(map(max, map(operator.sub, map(_placeholders, requests), itertools.repeat(1)),
-                         itertools.repeat(0))))
+        # Counted when scheduled; one in-flight token fewer each (a token that arrives always
+        # had its placeholder: a preempted request takes the array path).
+        left = list(map(operator.sub, map(_placeholders, requests), itertools.repeat(1)))
+        if min(left) < 0:
+            return False
+        set_all(requests, "num_output_placeholders", left)
         return True
 
     def _preempt(self, request: Request) -> None:

@@ -75,13 +75,17 @@ def try_update(sched: Any, so: SchedulerOutput, mro: ModelRunnerOutput) -> Engin
 
 
 def _cache_blocks(kv: Any, ids: list[str], reqs: list, alls: list[list[int]]) -> None:
-    """Register the blocks that became full and computed (before this step's tokens are appended)."""
+    """Register the blocks that became full and computed (before this step's tokens are appended).
+    A block fills at min(computed, known tokens); the known tokens alone find the candidates
+    (a superset: a few requests every block_size steps), the exact bound is checked for them."""
     if not kv.enable_caching:
         return
-    upto = list(map(min, map(_computed, reqs), map(len, alls)))
-    full = map(operator.floordiv, upto, _repeat(kv.block_size))
-    for i in _compress(range(len(ids)), map(operator.gt, full, map(kv.num_cached_block.get, ids, _repeat(0)))):
-        kv.cache_blocks(reqs[i], upto[i])
+    bs, registered = kv.block_size, kv.num_cached_block
+    full = map(operator.floordiv, map(len, alls), _repeat(bs))
+    for i in _compress(range(len(ids)), map(operator.gt, full, map(registered.get, ids, _repeat(0)))):
+        upto = min(reqs[i].num_computed_tokens, len(alls[i]))
+        if upto // bs > registered.get(ids[i], 0):
+            kv.cache_blocks(reqs[i], upto)
 
 
 def _finishing(max_model_len: int, reqs: list, tokens: list[int], outs: list[list[int]],
@@ -91,8 +95,8 @@ def _finishing(max_model_len: int, reqs: list, tokens: list[int], outs: list[lis
     n = len(reqs)
     maybe = set(_compress(range(n), map(operator.eq, tokens, map(_eos, reqs))))
     maybe.update(_compress(range(n), map(operator.contains, map(_stop_ids, reqs), tokens)))
+    # max_tokens also finds the max_model_len ends: admission keeps prompt + max_tokens within it.
     maybe.update(_compress(range(n), map(operator.ge, map(len, outs), map(_max_tokens, reqs))))
-    maybe.update(_compress(range(n), map(operator.ge, map(len, alls), _repeat(max_model_len))))
     finished = {}
     for i in sorted(maybe):
         req, tok = reqs[i], tokens[i]

@@ -244,12 +244,14 @@ class SamplingInputBuilder:
         record_tokens follows). The counts move the random streams on, in one numpy update."""
         self._rows.num_output[self._rows.slots(req_ids)] += 1
 
-    def record_tokens(self, req_ids: Sequence[str], token_ids: Sequence[int]) -> None:
+    def record_tokens(self, req_ids: Sequence[str], token_ids: Sequence[int] | np.ndarray) -> None:
         """The tokens count_outputs counted: Python work only for requests whose processors
         read their history (penalties, min_tokens, bad words)."""
         history = self._history
         if not history:  # the usual batch: one set check, no loop
             return
+        if isinstance(token_ids, np.ndarray):
+            token_ids = token_ids.tolist()
         for req_id, tok in zip(req_ids, token_ids):
             if req_id in history:
                 self._record_token(self._reqs[req_id], tok)
