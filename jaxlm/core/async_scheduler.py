@@ -65,11 +65,13 @@ class AsyncScheduler(Scheduler):
         set_all(reqs, "num_output_placeholders", list(map(operator.add, placeholders, map(operator.eq, computed, ends))))
 
     def _num_tokens_to_compute(self, request: Request) -> int:
-        # Nothing more once the tokens in flight reach the request's limit.
-        n_out = request.num_output_tokens + request.num_output_placeholders
-        if n_out >= request.max_tokens or request.num_tokens + request.num_output_placeholders >= self.max_model_len:
+        # Nothing more once the tokens in flight reach the request's limit. (Fields, not the
+        # properties: this runs for every running request every step.)
+        in_flight = request.num_output_placeholders
+        num_tokens = len(request.all_token_ids) + in_flight
+        if len(request.output_token_ids) + in_flight >= request.max_tokens or num_tokens >= self.max_model_len:
             return 0
-        return request.num_tokens + request.num_output_placeholders - request.num_computed_tokens
+        return num_tokens - request.num_computed_tokens
 
     def _skip_quietly(self, request: Request) -> bool:
         return request.num_output_placeholders > 0

@@ -35,25 +35,47 @@ _RUNNING = RequestStatus.RUNNING
 _STOPPED, _LENGTH = RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED
 
 
+class DecodeBatch:
+    """The requests of the last decode step and what does not change while they run (their
+    token lists, the tokens that may end one of them, their max_tokens): consecutive steps of
+    one batch reuse it instead of gathering them again (the scheduler holds it)."""
+
+    def __init__(self, sched: Any, ids: list[str]) -> None:
+        self.ids = list(ids)
+        self.reqs = list(map(sched.requests.get, ids))
+        self.ok = None not in self.reqs
+        if not self.ok:
+            return
+        self.outs = list(map(_outputs, self.reqs))
+        self.alls = list(map(_all_tokens, self.reqs))
+        self.max_tokens = list(map(_max_tokens, self.reqs))
+        # Any request's EOS or stop ids: a token outside ends no request (a superset: the
+        # rules, ignore_eos and min_tokens among them, run for the few tokens inside).
+        self.end_tokens = set().union(*map(_stop_ids, self.reqs), map(_eos, self.reqs))
+
+
 def try_update(sched: Any, so: SchedulerOutput, mro: ModelRunnerOutput) -> EngineCoreOutputBatch | None:
     """The step's EngineCoreOutputBatch, or None (nothing changed) when the step is not a plain
-    decode step. `sched`: the Scheduler (its requests, KV cache manager and the hook
-    `_one_token_arrived`)."""
+    decode step. `sched`: the Scheduler (its requests, KV cache manager, `_decode_batch` and
+    the hook `_one_token_arrived`)."""
     ids = mro.req_ids
     n = len(ids)
     if (not n or sched._pending_outputs or mro.failed_req_ids or mro.grammar_terminated_req_ids
             or mro.prompt_logprobs or len(mro.sampled_flat) != n or len(so.num_scheduled_tokens) != n
             or ids != list(so.num_scheduled_tokens) or not mro.num_sampled.all()):
         return None  # (every count >= 1 and n tokens in all: one each)
-    reqs = list(map(sched.requests.get, ids))
-    if None in reqs or list(map(_status, reqs)).count(_RUNNING) != n:
-        return None  # aborted, finished or preempted while the step ran
-    outs = list(map(_outputs, reqs))
+    batch = sched._decode_batch
+    if batch is None or ids != batch.ids:
+        batch = sched._decode_batch = DecodeBatch(sched, ids)
+    if not batch.ok:
+        return None  # aborted while the step ran
+    reqs, outs, alls = batch.reqs, batch.outs, batch.alls
+    if list(map(_status, reqs)).count(_RUNNING) != n:
+        return None  # finished or preempted while the step ran
     if not all(outs):
         return None  # a first token: the array path adds the prefix hit and scheduled time
     if not sched._one_token_arrived(reqs, so.num_scheduled_tokens.values()):
         return None
-    alls = list(map(_all_tokens, reqs))
     _cache_blocks(sched.kv_cache_manager, ids, reqs, alls)
     tokens = mro.sampled_flat.tolist()
     # One token each and a stop keeps its own token: every token is appended.
@@ -61,7 +83,7 @@ def try_update(sched: Any, so: SchedulerOutput, mro: ModelRunnerOutput) -> Engin
     list(map(list.append, alls, tokens))
     out = EngineCoreOutputBatch(ids, np.ones(n, np.int32), mro.sampled_flat.astype(np.int32, copy=False),
                                 mro.logprobs)
-    finished = _finishing(sched.max_model_len, reqs, tokens, outs, alls)
+    finished = _finishing(sched.max_model_len, batch, tokens)
     for i, (status, stop_reason) in finished.items():
         reqs[i].status = status
         out.finish_reasons[i] = RequestStatus.get_finished_reason(status)
@@ -88,15 +110,13 @@ def _cache_blocks(kv: Any, ids: list[str], reqs: list, alls: list[list[int]]) ->
             kv.cache_blocks(reqs[i], upto)
 
 
-def _finishing(max_model_len: int, reqs: list, tokens: list[int], outs: list[list[int]],
-               alls: list[list[int]]) -> dict[int, tuple[RequestStatus, int | None]]:
+def _finishing(max_model_len: int, batch: DecodeBatch, tokens: list[int]) -> dict[int, tuple[RequestStatus, int | None]]:
     """i -> (finished status, stop token or None) for the requests this step's token ends; the
-    candidates come from C-level compares over the batch, the rules run only for them."""
-    n = len(reqs)
-    maybe = set(_compress(range(n), map(operator.eq, tokens, map(_eos, reqs))))
-    maybe.update(_compress(range(n), map(operator.contains, map(_stop_ids, reqs), tokens)))
+    candidates come from C-level checks over the batch, the rules run only for them."""
+    n, reqs, outs = len(tokens), batch.reqs, batch.outs
+    maybe = set(_compress(range(n), map(batch.end_tokens.__contains__, tokens)))
     # max_tokens also finds the max_model_len ends: admission keeps prompt + max_tokens within it.
-    maybe.update(_compress(range(n), map(operator.ge, map(len, outs), map(_max_tokens, reqs))))
+    maybe.update(_compress(range(n), map(operator.ge, map(len, outs), batch.max_tokens)))
     finished = {}
     for i in sorted(maybe):
         req, tok = reqs[i], tokens[i]
@@ -107,6 +127,6 @@ def _finishing(max_model_len: int, reqs: list, tokens: list[int], outs: list[lis
         stop_hit = past_min and tok in req.stop_token_ids
         if eos_hit or stop_hit:
             finished[i] = (_STOPPED, tok if stop_hit and not eos_hit else None)
-        elif produced >= req.max_tokens or len(alls[i]) >= max_model_len:
+        elif produced >= req.max_tokens or len(batch.alls[i]) >= max_model_len:
             finished[i] = (_LENGTH, None)
     return finished

@@ -52,6 +52,8 @@ class Scheduler:
         self.finished_req_ids: set[str] = set()
         # Outputs produced outside update_from_output (a request dropped by schedule()).
         self._pending_outputs: list[EngineCoreOutput] = []
+        # The last decode step's requests, as core/decode_update.py reuses them.
+        self._decode_batch = None
         self.num_preemptions = 0
 
     # -- admission -------------------------------------------------------------------------
@@ -151,7 +153,7 @@ class Scheduler:
             num_scheduled_tokens[request.request_id] = num_new_tokens
             token_budget -= num_new_tokens
             cached.req_ids.append(request.request_id)
-            cached.new_block_ids.append([b.block_id for b in new_blocks])
+            cached.new_block_ids.append([b.block_id for b in new_blocks] if new_blocks else [])
             cached.num_computed_tokens.append(request.num_computed_tokens)
             req_index += 1
         return token_budget, preempted_reqs

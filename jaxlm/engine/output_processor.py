@@ -85,13 +85,13 @@ class RequestState:
         finished = finish_reason is not None
         text = self.detokenizer.get_next_output_text(finished, delta) if self.detokenizer else ""
         start = self.sent_tokens if delta else 0
-        token_ids = self.token_ids[start:]
+        token_ids = self.token_ids[start:]  # a copy: the caller's to keep
         logprobs = self.logprobs.logprobs
         if logprobs is not None and delta:
             logprobs = logprobs[start:]
         self.sent_tokens = len(self.token_ids)
         return CompletionOutput(
-            index=self.index, text=text, token_ids=list(token_ids),
+            index=self.index, text=text, token_ids=token_ids,
             cumulative_logprob=self.logprobs.cumulative_logprob, logprobs=logprobs,
             finish_reason=finish_reason, stop_reason=stop_reason,
         )

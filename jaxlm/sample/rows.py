@@ -63,11 +63,13 @@ class SamplingRows:
 
     def slots(self, req_ids: Sequence[str]) -> np.ndarray:
         """The rows of req_ids; a step asks for the same list several times (variant, metadata,
-        output counts): the last answer is kept until the list or a row changes."""
-        if req_ids is self._last[0]:
-            return self._last[1]
+        output counts) and consecutive decode steps for an equal one: the last answer is kept
+        until the list or a row changes."""
+        last_ids, last_slots = self._last
+        if req_ids is last_ids or req_ids == last_ids:
+            return last_slots
         slots = np.fromiter(map(self._slot.__getitem__, req_ids), np.int64, len(req_ids))
-        self._last = (req_ids, slots)
+        self._last = (list(req_ids), slots)
         return slots
 
     def slot(self, req_id: str) -> int:

@@ -67,7 +67,8 @@ from jaxlm.worker.compile_guard import CompileGuard
 from jaxlm.worker.input_batch import InputBatch, StepInputs
 from jaxlm.worker.request_states import RequestStates
 from jaxlm.worker.step_handle import StepHandle
-from jaxlm.worker.step_programs import DECODE, MD_FIELDS, MIXED, PROMPT_LOGPROBS, gathered, kernel_constraints, unpack
+from jaxlm.worker.step_programs import (
+    DECODE, MD_FIELDS, MIXED, PROMPT_LOGPROBS, gathered, kernel_constraints, leaves_read, unpack, with_unread)
 
 logger = logging.getLogger(__name__)
 
@@ -203,10 +204,11 @@ class ModelRunner:
         merge, replicated, treedef = self._merge_for_sampler, self._replicated, self._param_treedef
         layout, static = md.layout(), (md.variant, md.max_logprobs, md.num_candidates)
         pad = self.sample_capacity - num_rows
+        index, like = self._sampler_leaf_index, self._param_leaves
 
-        def logits_and_sample(leaves, hidden, packed_md):
+        def logits_and_sample(read_leaves, hidden, packed_md):
             sampling_md = unpack_metadata(packed_md, layout, *static)
-            model = merge(jax.tree.unflatten(treedef, leaves))
+            model = merge(jax.tree.unflatten(treedef, with_unread(read_leaves, index, like)))
             logits = model.compute_logits(hidden[:num_rows])
             out = sample(gathered(logits, replicated), sampling_md)
             # The next step's decode rows read their input ids from here (async scheduling).
@@ -220,6 +222,16 @@ class ModelRunner:
     def _merge_for_sampler(self, params: Any) -> nnx.Module:
         """The model the sampler traces (the pipeline runner adds the other stages' abstract params)."""
         return nnx.merge(self.graphdef, params)
+
+    def _find_sampler_leaves(self, leaves_spec: list[Any], hidden_spec: Any) -> None:
+        """Which param leaves the sampler programs read (set before they are traced)."""
+        merge, treedef = self._merge_for_sampler, self._param_treedef
+        logits = lambda leaves, h: merge(jax.tree.unflatten(treedef, leaves)).compute_logits(h)  # noqa: E731
+        self._sampler_leaf_index = leaves_read(logits, leaves_spec, hidden_spec)
+
+    @property
+    def _sampler_leaves(self) -> list[Any]:
+        return [self._param_leaves[i] for i in self._sampler_leaf_index]
 
     def _abstract_packed(self, T: int, kind: str) -> jax.ShapeDtypeStruct:
         size = sum(math.prod(shape) for shape in self._step_shapes(T, kind).values())
@@ -236,6 +248,8 @@ class ModelRunner:
         hidden_sel, _ = jax.eval_shape(body_jit(T0, MIXED), params_spec, kv_spec, self._abstract_packed(T0, MIXED),
                                        jax.ShapeDtypeStruct((self.sample_capacity,), jnp.int32))
         hidden_sel = jax.ShapeDtypeStruct(hidden_sel.shape, hidden_sel.dtype, sharding=self._replicated)
+        self._find_sampler_leaves(params_spec, hidden_sel)
+        sampler_spec = [params_spec[i] for i in self._sampler_leaf_index]
         self._last_tokens = self._put(np.zeros(self.sample_capacity, np.int32))
         tokens_spec = jax.ShapeDtypeStruct((self.sample_capacity,), jnp.int32, sharding=self._replicated)
         jobs = [("body", (T, kind)) for kind, buckets in self.body_buckets().items() for T in buckets]
@@ -249,7 +263,7 @@ class ModelRunner:
                 md = self.sampling.build_host([], S, variant)
                 md_spec = jax.ShapeDtypeStruct(md.packed().shape, jnp.int32, sharding=self._replicated)
                 fn = jax.jit(self._sample_fn(S, md))
-                self._sample[key] = fn.lower(params_spec, hidden_sel, md_spec).compile()
+                self._sample[key] = fn.lower(sampler_spec, hidden_sel, md_spec).compile()
         self.num_programs = len(self._body) + len(self._sample)
         self.warmup_seconds = time.perf_counter() - start
         logger.info("Compiled %d programs in %.1f s", self.num_programs, self.warmup_seconds)
@@ -326,7 +340,7 @@ class ModelRunner:
         if md_in is None:  # constrained: the mask is filled while the body runs, then sent
             self.grammars.fill_bitmask(host_md.fields, inputs.sample_req_ids)
             md_in = self._place(host_md.packed())
-        out, self._last_tokens = self._sample[(S, host_md.variant)](self._param_leaves, hidden, md_in)
+        out, self._last_tokens = self._sample[(S, host_md.variant)](self._sampler_leaves, hidden, md_in)
         self.padding.record_samples(n, S)
         placed = self.input_batch.append_placeholders(inputs.sample_req_ids)
         self.sampling.count_outputs(inputs.sample_req_ids)
