@@ -58,6 +58,7 @@ class _Add:
     prompt: Any
     params: SamplingParams
     arrival_time: float
+    priority: int = 0
 
 
 @dataclasses.dataclass
@@ -151,6 +152,7 @@ class AsyncLLMEngine:
         sampling_params: SamplingParams,
         request_id: str,
         arrival_time: float | None = None,
+        priority: int = 0,
     ) -> AsyncIterator[RequestOutput]:
         """Yields the request's outputs until it finishes; closing the generator aborts it.
         Two live requests may share a request_id: each gets its own outputs."""
@@ -161,7 +163,7 @@ class AsyncLLMEngine:
             internal_id = make_internal_request_id(request_id, next(self._serial))
             self._streams[internal_id] = stream
             self._commands.append(_Add(request_id, internal_id, prompt, sampling_params,
-                                       arrival_time or time.time()))
+                                       arrival_time or time.time(), priority))
             self._cv.notify()
         self._wakeup()
         finished = False
@@ -303,7 +305,7 @@ class AsyncLLMEngine:
         try:
             # Raises ValueError for bad input, QueueFullError past --max-num-queued-reqs.
             engine.add_request(cmd.request_id, cmd.prompt, cmd.params, arrival_time=cmd.arrival_time,
-                               internal_request_id=cmd.internal_id)
+                               internal_request_id=cmd.internal_id, priority=cmd.priority)
         except Exception as e:  # noqa: BLE001 - goes to this request's caller only
             with self._cv:
                 stream = self._streams.pop(cmd.internal_id, None)

@@ -25,6 +25,8 @@ MAX_BAD_WORDS = 256
 MAX_N = 1_024
 # Seeds are masked into the sampler's uint64 stream ids: int64 or uint64 values are accepted.
 _SEED_MIN, _SEED_MAX = -(1 << 63), (1 << 64) - 1
+# Priorities travel to the engine cores as msgpack integers (int64).
+_PRIORITY_MIN, _PRIORITY_MAX = -(1 << 63), (1 << 63) - 1
 # The sampler's float arrays are float32: a larger finite value would become inf there.
 _F32_MAX = 3.4028234663852886e38
 
@@ -85,11 +87,13 @@ class InputProcessor:
     (the others end a request unless ignore_eos, as stop_token_ids); check_params: the
     sampler's own admission check (what it cannot honour, e.g. logprobs above max_logprobs);
     structured_output_manager: returns the engine's StructuredOutputManager (built on first
-    use), which compiles a request's constraint here, so a bad one fails only that request."""
+    use), which compiles a request's constraint here, so a bad one fails only that request;
+    scheduling_policy: the engine's (a non-zero priority needs "priority")."""
 
     def __init__(self, tokenizer: Any, max_model_len: int, vocab_size: int, eos_token_id: int | None,
                  generation_eos_ids: set[int], check_params: Callable[[SamplingParams], None],
-                 structured_output_manager: Callable[[], Any] | None = None):
+                 structured_output_manager: Callable[[], Any] | None = None, *,
+                 scheduling_policy: str = "fcfs"):
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
@@ -97,9 +101,21 @@ class InputProcessor:
         self.generation_eos_ids = frozenset(generation_eos_ids)
         self.check_params = check_params
         self.structured_output_manager = structured_output_manager
+        self.scheduling_policy = scheduling_policy
 
     def check_request_id(self, request_id: str) -> None:
         check_utf8("request_id", request_id)
+
+    def check_priority(self, priority: Any) -> None:
+        """An int64; other than 0 only under the priority policy (vLLM refuses it too)."""
+        if not _is_int(priority):
+            raise InvalidRequestError("priority", f"priority must be an integer, got {type(priority).__name__}")
+        if not _PRIORITY_MIN <= priority <= _PRIORITY_MAX:
+            raise InvalidRequestError("priority", f"priority must fit in 64 bits, got {priority}")
+        if priority != 0 and self.scheduling_policy != "priority":
+            raise InvalidRequestError(
+                "priority", f"priority={priority} needs --scheduling-policy priority "
+                            f"(LLM(scheduling_policy='priority')); this engine schedules {self.scheduling_policy}")
 
     def process_prompt(self, prompt: PromptType | ProcessedPrompt) -> ProcessedPrompt:
         if isinstance(prompt, ProcessedPrompt):

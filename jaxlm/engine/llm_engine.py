@@ -72,7 +72,7 @@ class LLMEngine:
         self.input_processor = InputProcessor(
             self.tokenizer, mc.max_model_len, vocab, self.eos_token_id,
             generation_eos_token_ids(generation_config, mc.hf_config), checker.check_params,
-            self.get_structured_output_manager)
+            self.get_structured_output_manager, scheduling_policy=config.scheduler_config.scheduling_policy)
         self._structured_output_manager: StructuredOutputManager | None = None
         self.output_processor = OutputProcessor(self.tokenizer)
         # Builds (and warms up) the core(s): in this process, or engine-core processes.
@@ -153,11 +153,14 @@ class LLMEngine:
     # ---- requests ------------------------------------------------------------------------
 
     def add_request(self, request_id: str, prompt: PromptType | ProcessedPrompt, params: SamplingParams,
-                    arrival_time: float | None = None, *, internal_request_id: str | None = None) -> str:
+                    arrival_time: float | None = None, *, internal_request_id: str | None = None,
+                    priority: int = 0) -> str:
         """Validate and queue a request; returns its internal id (abort_request and step_routed
         use it; RequestOutput.request_id stays the client's). Raises ValueError naming the
-        problem, QueueFullError past max_num_queued_reqs (nothing queued either way)."""
+        problem, QueueFullError past max_num_queued_reqs (nothing queued either way). priority:
+        lower runs first under --scheduling-policy priority (its n > 1 sequences share it)."""
         self.input_processor.check_request_id(request_id)
+        self.input_processor.check_priority(priority)
         internal_id = internal_request_id or make_internal_request_id(request_id, next(self._serial))
         if internal_id in self._live_ids:
             raise InvalidRequestError("request_id", f"Internal request id {internal_id!r} is already in use")
@@ -175,7 +178,8 @@ class LLMEngine:
         # later (step_routed reports it), so the request's state exists before it is sent.
         try:
             self.engine_core.add_request([
-                EngineCoreRequest(child_id, processed.prompt_token_ids, child_params, self.eos_token_id, arrival_time)
+                EngineCoreRequest(child_id, processed.prompt_token_ids, child_params, self.eos_token_id, arrival_time,
+                                  priority)
                 for child_id, child_params, _, _ in children])
         except Exception:
             self.output_processor.abort_requests([internal_id])

@@ -63,8 +63,9 @@ class LLM:
 
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
-        """Run every prompt to completion; outputs come back in input order."""
+                 use_tqdm: bool = True, priority: Sequence[int] | None = None) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs come back in input order. priority: one per
+        prompt, lower first (needs scheduling_policy="priority" unless all are 0)."""
         if isinstance(prompts, (str, dict)) or (
                 isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
@@ -76,13 +77,17 @@ class LLM:
         if len(sampling_params) != len(prompts):
             raise ValueError(
                 f"Got {len(sampling_params)} sampling params for {len(prompts)} prompts: pass one or one per prompt")
+        if priority is None:
+            priority = [0] * len(prompts)
+        elif len(priority) != len(prompts):
+            raise ValueError(f"Got {len(priority)} priorities for {len(prompts)} prompts: pass one per prompt")
         ids = []
         try:
-            for prompt, params in zip(prompts, sampling_params):
+            for prompt, params, prio in zip(prompts, sampling_params, priority):
                 params = params.clone()
                 params.output_kind = RequestOutputKind.FINAL_ONLY
                 request_id = str(next(self._request_counter))
-                ids.append(self.llm_engine.add_request(request_id, prompt, params))
+                ids.append(self.llm_engine.add_request(request_id, prompt, params, priority=prio))
         except Exception:
             self.llm_engine.abort_request(ids, internal=True)
             raise
