@@ -129,6 +129,9 @@ class InputProcessor:
                 raise InvalidRequestError("prompt", "A prompt dict needs a 'prompt' or a 'prompt_token_ids' key")
         if isinstance(prompt, str):
             check_utf8("prompt", prompt)
+            if self.tokenizer is None:
+                raise InvalidRequestError("prompt", f"{_NO_TOKENIZER}: prompts must be token ids "
+                                                    "({'prompt_token_ids': [...]} or a list of ints)")
             text, ids = prompt, list(self.tokenizer.encode(prompt))
         elif isinstance(prompt, (list, tuple)) and all(_is_int(t) for t in prompt):
             text, ids = None, list(prompt)
@@ -164,6 +167,8 @@ class InputProcessor:
             raise InvalidRequestError("sampling_params", f"expected SamplingParams, got {type(params).__name__}")
         params = params.clone()  # re-runs SamplingParams' own checks on the current field values
         self._check_limits(params)
+        if self.tokenizer is None:
+            _check_without_tokenizer(params)
         params.max_tokens = self.max_tokens_for(prompt_len, params.max_tokens)
         if params.top_k >= self.vocab_size:
             params.top_k = 0  # all tokens, as vLLM clamps top_k to the vocabulary
@@ -212,6 +217,17 @@ class InputProcessor:
             if not (math.isfinite(bias) and abs(bias) <= _F32_MAX):
                 raise InvalidRequestError(
                     "logit_bias", f"logit_bias values must be finite float32 numbers, got {bias} for {token_id}")
+
+
+_NO_TOKENIZER = "skip_tokenizer_init is set (no tokenizer is loaded)"
+
+
+def _check_without_tokenizer(p: SamplingParams) -> None:
+    """What needs text refuses to run without a tokenizer (vLLM's skip_tokenizer_init)."""
+    for name, value in (("stop", p.stop), ("bad_words", p.bad_words), ("structured_outputs", p.structured_outputs)):
+        if value:
+            raise InvalidRequestError(name, f"{_NO_TOKENIZER}: {name} needs a tokenizer; use token ids "
+                                            "(stop_token_ids, logit_bias, allowed_token_ids) instead")
 
 
 def _check_count(param: str, what: str, count: int, limit: int) -> None:

@@ -35,6 +35,14 @@ logger = logging.getLogger(__name__)
 _STATS_INTERVAL_S = 5.0
 
 
+def _model_eos_token_id(hf_config: Any) -> int | None:
+    """The model config's eos id when no tokenizer is loaded (the first, if it lists several)."""
+    eos = getattr(hf_config, "eos_token_id", None)
+    if isinstance(eos, (list, tuple)):
+        eos = eos[0] if eos else None
+    return eos if isinstance(eos, int) else None
+
+
 class LLMEngine:
     """The front end: input processing, output processing (detokenization) and an engine-core
     client; the scheduler and the executor live in the core (this process or a child)."""
@@ -53,10 +61,12 @@ class LLMEngine:
         mc = config.model_config = resolve_model_config(config.model_config, config.load_config)
         config.scheduler_config.max_model_len = mc.max_model_len
         self.model_config = mc
-        self.tokenizer = get_tokenizer(mc)
+        # skip_tokenizer_init: token ids in and out; text-dependent fields are refused at admission.
+        self.tokenizer = None if mc.skip_tokenizer_init else get_tokenizer(mc)
         resolve_auto_buckets(config, self.tokenizer)  # --token-buckets auto: before any compile
         vocab = int(mc.hf_config.vocab_size)
-        self.eos_token_id = self.tokenizer.eos_token_id
+        self.eos_token_id = (self.tokenizer.eos_token_id if self.tokenizer is not None
+                             else _model_eos_token_id(mc.hf_config))
         generation_config = try_get_generation_config(mc)
         self.default_sampling_params = get_diff_sampling_param(mc, generation_config)
         if self.default_sampling_params:

@@ -8,11 +8,12 @@ from typing import Any, Sequence
 
 from tqdm import tqdm
 
+from jaxlm.beam_search import BeamSearch, BeamSearchOutput, run_beam_search
 from jaxlm.engine.arg_utils import EngineArgs
 from jaxlm.engine.input_processor import PromptType
 from jaxlm.engine.llm_engine import LLMEngine
 from jaxlm.outputs import RequestOutput
-from jaxlm.sampling_params import RequestOutputKind, SamplingParams
+from jaxlm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 ChatMessages = list[dict[str, Any]]
 
@@ -20,7 +21,6 @@ ChatMessages = list[dict[str, Any]]
 # jaxlm always does, refused with a clear message otherwise.
 _VLLM_FIXED_ARGS: dict[str, tuple[Any, str]] = {
     "tokenizer_mode": ("auto", "jaxlm loads HF fast tokenizers only"),
-    "skip_tokenizer_init": (False, "jaxlm always loads the tokenizer"),
     "tokenizer_revision": (None, "pass a tokenizer directory as tokenizer="),
     "quantization": (None, "jaxlm has no quantized kernels (a GGUF file is dequantized when loaded)"),
     "kv_cache_dtype": ("auto", "the KV cache is kept in the model's dtype"),
@@ -93,6 +93,22 @@ class LLM:
             raise
         return self._run_engine(ids, use_tqdm)
 
+    def beam_search(self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams,
+                    use_tqdm: bool = False) -> list[BeamSearchOutput]:
+        """vLLM's beam search (jaxlm/beam_search.py): per prompt, the beam_width best sequences;
+        each beam is one request per step, sharing the prompt's KV blocks through the prefix
+        cache. A sequence's tokens and text include the prompt's (as vLLM's LLM.beam_search)."""
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        engine = self.llm_engine
+        ids = [engine.input_processor.process_prompt(p).prompt_token_ids for p in prompts]
+        mc = engine.model_config
+        search = BeamSearch(ids, params, engine.eos_token_id, mc.max_model_len, mc.max_logprobs)
+        tokenizer = self.get_tokenizer()
+        return run_beam_search(
+            search, lambda step, sp: self.generate([{"prompt_token_ids": t} for t in step], sp, use_tqdm=use_tqdm),
+            tokenizer.decode if tokenizer is not None else None)
+
     def chat(self, messages: ChatMessages | list[ChatMessages],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
              use_tqdm: bool = True, chat_template: str | None = None,
@@ -104,6 +120,9 @@ class LLM:
         to force a call, constrain the output (SamplingParams(structured_outputs=...))."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         tokenizer = self.get_tokenizer()
+        if tokenizer is None:
+            raise ValueError("chat() renders messages with the tokenizer's chat template, and this LLM was "
+                             "built with skip_tokenizer_init=True: pass token ids to generate() instead")
         prompts = []
         for conversation in conversations:
             ids = tokenizer.apply_chat_template(
