@@ -164,15 +164,25 @@ async def run_beam_search_async(
     RequestOutput with a choice per beam (text: the generated tokens only, as vLLM's server)."""
 
     async def final(ids: list[int], rid: str) -> RequestOutput:
-        last = None
-        async for out in generate(ids, search.sampling_params, rid):
-            last = out
-        return last
+        stream = generate(ids, search.sampling_params, rid)
+        try:
+            last = None
+            async for out in stream:
+                last = out
+            return last
+        finally:
+            await stream.aclose()  # cancelled (client gone, a sibling failed): aborts the request
 
     step = 0
     while not search.done:
-        prompts = search.step_prompts()
-        outs = await asyncio.gather(*(final(ids, f"{request_id}-beam{step}-{i}") for i, ids in enumerate(prompts)))
+        tasks = [asyncio.ensure_future(final(ids, f"{request_id}-beam{step}-{i}"))
+                 for i, ids in enumerate(search.step_prompts())]
+        try:
+            outs = await asyncio.gather(*tasks)
+        except BaseException:
+            for task in tasks:
+                task.cancel()
+            raise
         search.advance([_candidates(o) for o in outs])
         step += 1
     best = search.best()[0]

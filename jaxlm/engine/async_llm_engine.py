@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 from jaxlm.core.outputs import FinishReason
 from jaxlm.engine.exceptions import EngineDeadError, EngineGenerateError, QueueFullError
-from jaxlm.engine.input_processor import make_internal_request_id
+from jaxlm.engine.input_processor import ProcessedPrompt, make_internal_request_id
 from jaxlm.outputs import RequestOutput
-from jaxlm.sampling_params import SamplingParams
+from jaxlm.sampling_params import BeamSearchParams, SamplingParams
 
 if TYPE_CHECKING:
     from jaxlm.engine.arg_utils import EngineArgs
@@ -180,6 +180,22 @@ class AsyncLLMEngine:
         finally:
             if not finished:  # cancelled, closed early or the caller raised: free its KV blocks
                 self._abort_nowait([internal_id])
+
+    async def beam_search(self, prompt: ProcessedPrompt | list[int], request_id: str, params: BeamSearchParams,
+                          priority: int = 0) -> RequestOutput:
+        """vLLM's beam search for one checked prompt (jaxlm/beam_search.py): each step's beams run
+        as concurrent requests; one finished RequestOutput, a completion per beam, best first."""
+        from jaxlm.beam_search import BeamSearch, run_beam_search_async
+
+        if not isinstance(prompt, ProcessedPrompt):
+            prompt = ProcessedPrompt(None, list(prompt))
+        mc = self.engine_config.model_config
+        search = BeamSearch([prompt.prompt_token_ids], params, self.engine.eos_token_id, mc.max_model_len,
+                            mc.max_logprobs)
+        # The beams' prompts are the checked prompt plus sampled ids, within max_model_len (BeamSearch).
+        return await run_beam_search_async(
+            search, lambda ids, sp, rid: self.generate(ProcessedPrompt(None, ids), sp, rid, priority=priority),
+            request_id, prompt.prompt, self.tokenizer.decode if self.tokenizer is not None else None)
 
     async def abort(self, request_id: str | list[str]) -> None:
         """Abort every live request with these client ids."""
