@@ -108,12 +108,16 @@ class PriorityRequestQueue(RequestQueue):
     def __init__(self) -> None:
         self._heap: list[tuple[int, float, int, Request]] = []
         self._serial = itertools.count()
+        self._members: set[Request] = set()  # O(1) `in` (asked for every finished request)
 
     def add_request(self, request: Request) -> None:
         heapq.heappush(self._heap, (request.priority, request.arrival_time, next(self._serial), request))
+        self._members.add(request)
 
     def pop_request(self) -> Request:
-        return heapq.heappop(self._heap)[3]
+        request = heapq.heappop(self._heap)[3]
+        self._members.discard(request)
+        return request
 
     def peek_request(self) -> Request:
         if not self._heap:
@@ -127,9 +131,10 @@ class PriorityRequestQueue(RequestQueue):
         self.remove_requests((request,))
 
     def remove_requests(self, requests: Iterable[Request]) -> None:
-        drop = set(map(id, requests))
-        self._heap = [entry for entry in self._heap if id(entry[3]) not in drop]
+        drop = set(requests)
+        self._heap = [entry for entry in self._heap if entry[3] not in drop]
         heapq.heapify(self._heap)
+        self._members -= drop
 
     def preemption_victim(self, running: list[Request]) -> int:
         # The worst (priority, arrival); among exact ties the latest admitted.
@@ -146,7 +151,7 @@ class PriorityRequestQueue(RequestQueue):
         return (entry[3] for entry in sorted(self._heap, key=lambda e: e[:3]))
 
     def __contains__(self, request: object) -> bool:
-        return any(entry[3] is request for entry in self._heap)
+        return request in self._members
 
 
 def create_request_queue(policy: SchedulingPolicy | str) -> RequestQueue:
