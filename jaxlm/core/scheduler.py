@@ -324,6 +324,7 @@ class Scheduler:
         if isinstance(request_ids, str):
             request_ids = (request_ids,)
         to_drop: set[str] = set()
+        unqueued: list[Request] = []
         for rid in request_ids:
             request = self.requests.get(rid)
             if request is None or request.is_finished():
@@ -331,10 +332,12 @@ class Scheduler:
             if request.status == RequestStatus.RUNNING:
                 to_drop.add(rid)
             else:
-                self.waiting.remove_request(request)
+                unqueued.append(request)
             self._finish(request, finished_status)
         if to_drop:
             self.running = [r for r in self.running if r.request_id not in to_drop]
+        if unqueued:  # one pass over the queue for all of them
+            self.waiting.remove_requests(unqueued)
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
         request.status = status
