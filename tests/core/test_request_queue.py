@@ -57,6 +57,11 @@ def test_fcfs_queue_keeps_arrival_order_and_puts_preempted_in_front():
     assert list(queue) == [a, b, c]
     queue.remove_requests([b])
     assert list(queue) == [a, c] and b not in queue
+    many = [_req(f"m{i}") for i in range(40)]
+    for r in many:
+        queue.add_request(r)
+    queue.remove_requests(many[::2] + [a])  # enough to rebuild the deque in one pass
+    assert list(queue) == [c] + many[1::2]
 
 
 class _CountingInt(int):
