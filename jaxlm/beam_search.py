@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 from collections.abc import AsyncIterator, Callable, Sequence
 
 from jaxlm.outputs import CompletionOutput, Logprob, RequestOutput
@@ -46,8 +47,14 @@ class BeamSearchOutput:
 
 def get_beam_search_score(tokens: Sequence[int], cum_logprob: float, eos_token_id: int | None,
                           length_penalty: float = 1.0) -> float:
-    length = len(tokens) - (1 if tokens and tokens[-1] == eos_token_id else 0)
-    return cum_logprob / (length ** length_penalty)
+    length = max(1, len(tokens) - (1 if tokens and tokens[-1] == eos_token_id else 0))
+    try:
+        return cum_logprob / (length ** length_penalty)
+    except (OverflowError, ZeroDivisionError):  # a huge |length_penalty|: the same in logs, clamped
+        if cum_logprob == 0:
+            return 0.0
+        log_size = math.log(abs(cum_logprob)) - length_penalty * math.log(length)
+        return math.copysign(math.exp(min(log_size, 709.0)), cum_logprob)
 
 
 @dataclasses.dataclass

@@ -1,5 +1,7 @@
 """BeamSearch's bookkeeping on made-up candidates: ranking, EOS beams kept aside, length penalty."""
 
+import math
+
 import pytest
 
 from jaxlm.beam_search import BeamSearch, get_beam_search_score
@@ -18,6 +20,11 @@ def test_scores_follow_vllm():
     assert get_beam_search_score([7, 8, 9, EOS], -3.0, EOS, 1.0) == -1.0
     assert get_beam_search_score([7, 8, 9, 10], -4.0, EOS, 2.0) == -0.25
     assert get_beam_search_score([7, 8], -4.0, EOS, 0.0) == -4.0
+    # Extreme penalties do not raise (a request may send any finite length_penalty).
+    for penalty in (1e308, -1e308, 800.0, -800.0):
+        scores = [get_beam_search_score([7] * n, -1.5, EOS, penalty) for n in (2, 3)]
+        assert all(math.isfinite(s) and s <= 0.0 for s in scores), (penalty, scores)
+    assert get_beam_search_score([7, 7], -1.5, EOS, 800.0) > get_beam_search_score([7, 7], -1.5, EOS, -800.0)
 
 
 def test_beams_grow_by_their_best_candidates_and_eos_is_kept_aside():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tests.helpers.tiny_models import load_hf_model
-from tests.serve.conftest import SERVED_MODEL
+from tests.serve.conftest import SERVED_MODEL, metric, wait_for
 
 pytestmark = pytest.mark.timeout(600)
 CHAT = [{"role": "user", "content": "Name a colour"}]
@@ -106,3 +106,23 @@ def test_hostile_priority(http, priority):
     assert r.status_code == 400, r.text
     assert "priority" in r.text
     assert _post(http, "/v1/completions", prompt="Hi", max_tokens=1, priority=0).status_code == 200
+
+
+def test_extreme_length_penalty_and_a_vanished_client_leak_nothing(http, real_server):
+    for penalty in (1e308, -1e308):
+        r = _post(http, "/v1/completions", prompt="Hi", n=2, use_beam_search=True, max_tokens=3,
+                  length_penalty=penalty)
+        assert r.status_code == 200, r.text
+    # A client that leaves mid-search: the step's beam requests are aborted, their blocks freed.
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(real_server.base + "/v1/completions", timeout=0.5, json={
+            "model": SERVED_MODEL, "prompt": "The capital of France is", "n": 4, "use_beam_search": True,
+            "max_tokens": 200, "ignore_eos": True})
+
+    def idle() -> bool:
+        values = real_server.metrics()
+        return (metric(values, "vllm:num_requests_running") == 0 and metric(values, "vllm:num_requests_waiting") == 0
+                and metric(values, "vllm:kv_cache_usage_perc") == 0.0)
+
+    assert wait_for(idle, timeout=30)
+    assert _post(http, "/v1/completions", prompt="Hi", max_tokens=2).status_code == 200
