@@ -28,8 +28,7 @@ def _runner_output(scheduler: Scheduler, so) -> ModelRunnerOutput:
         r = scheduler.requests[rid]
         done = r.num_computed_tokens + so.num_scheduled_tokens[rid] >= r.num_tokens
         sampled.append([7] if done else [])
-    return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                             sampled_token_ids=sampled)
+    return ModelRunnerOutput.from_lists(req_ids, sampled)
 
 
 def step_cost_us(policy: str, num_waiting: int, steps: int) -> float:
