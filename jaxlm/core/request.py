@@ -45,6 +45,8 @@ class Request:
     sampling_params: Any  # jaxlm.SamplingParams
     eos_token_id: int | None = None
     arrival_time: float = dataclasses.field(default_factory=time.time)
+    # --scheduling-policy priority: lower runs first (ties by arrival); 0 under fcfs.
+    priority: int = 0
 
     output_token_ids: list[int] = dataclasses.field(default_factory=list)
     # prompt + output; what the KV cache holds (or will hold) for this sequence.

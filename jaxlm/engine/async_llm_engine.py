@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any
 
 from jaxlm.core.outputs import FinishReason
 from jaxlm.engine.exceptions import EngineDeadError, EngineGenerateError, QueueFullError
-from jaxlm.engine.input_processor import make_internal_request_id
+from jaxlm.engine.input_processor import ProcessedPrompt, make_internal_request_id
 from jaxlm.outputs import RequestOutput
-from jaxlm.sampling_params import SamplingParams
+from jaxlm.sampling_params import BeamSearchParams, SamplingParams
 
 if TYPE_CHECKING:
     from jaxlm.engine.arg_utils import EngineArgs
@@ -58,6 +58,7 @@ class _Add:
     prompt: Any
     params: SamplingParams
     arrival_time: float
+    priority: int = 0
 
 
 @dataclasses.dataclass
@@ -151,6 +152,7 @@ class AsyncLLMEngine:
         sampling_params: SamplingParams,
         request_id: str,
         arrival_time: float | None = None,
+        priority: int = 0,
     ) -> AsyncIterator[RequestOutput]:
         """Yields the request's outputs until it finishes; closing the generator aborts it.
         Two live requests may share a request_id: each gets its own outputs."""
@@ -161,7 +163,7 @@ class AsyncLLMEngine:
             internal_id = make_internal_request_id(request_id, next(self._serial))
             self._streams[internal_id] = stream
             self._commands.append(_Add(request_id, internal_id, prompt, sampling_params,
-                                       arrival_time or time.time()))
+                                       arrival_time or time.time(), priority))
             self._cv.notify()
         self._wakeup()
         finished = False
@@ -178,6 +180,22 @@ class AsyncLLMEngine:
         finally:
             if not finished:  # cancelled, closed early or the caller raised: free its KV blocks
                 self._abort_nowait([internal_id])
+
+    async def beam_search(self, prompt: ProcessedPrompt | list[int], request_id: str, params: BeamSearchParams,
+                          priority: int = 0) -> RequestOutput:
+        """vLLM's beam search for one checked prompt (jaxlm/beam_search.py): each step's beams run
+        as concurrent requests; one finished RequestOutput, a completion per beam, best first."""
+        from jaxlm.beam_search import BeamSearch, run_beam_search_async
+
+        if not isinstance(prompt, ProcessedPrompt):
+            prompt = ProcessedPrompt(None, list(prompt))
+        mc = self.engine_config.model_config
+        search = BeamSearch([prompt.prompt_token_ids], params, self.engine.eos_token_id, mc.max_model_len,
+                            mc.max_logprobs)
+        # The beams' prompts are the checked prompt plus sampled ids, within max_model_len (BeamSearch).
+        return await run_beam_search_async(
+            search, lambda ids, sp, rid: self.generate(ProcessedPrompt(None, ids), sp, rid, priority=priority),
+            request_id, prompt.prompt, self.tokenizer.decode if self.tokenizer is not None else None)
 
     async def abort(self, request_id: str | list[str]) -> None:
         """Abort every live request with these client ids."""
@@ -316,7 +334,7 @@ class AsyncLLMEngine:
         try:
             # Raises ValueError for bad input, QueueFullError past --max-num-queued-reqs.
             engine.add_request(cmd.request_id, cmd.prompt, cmd.params, arrival_time=cmd.arrival_time,
-                               internal_request_id=cmd.internal_id)
+                               internal_request_id=cmd.internal_id, priority=cmd.priority)
         except Exception as e:  # noqa: BLE001 - goes to this request's caller only
             with self._cv:
                 stream = self._streams.pop(cmd.internal_id, None)

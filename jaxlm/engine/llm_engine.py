@@ -34,6 +34,14 @@ from jaxlm.structured_output.manager import StructuredOutputManager
 logger = logging.getLogger(__name__)
 
 
+def _model_eos_token_id(hf_config: Any) -> int | None:
+    """The model config's eos id when no tokenizer is loaded (the first, if it lists several)."""
+    eos = getattr(hf_config, "eos_token_id", None)
+    if isinstance(eos, (list, tuple)):
+        eos = eos[0] if eos else None
+    return eos if isinstance(eos, int) else None
+
+
 class LLMEngine:
     """The front end: input processing, output processing (detokenization) and an engine-core
     client; the scheduler and the executor live in the core (this process or a child)."""
@@ -52,10 +60,12 @@ class LLMEngine:
         mc = config.model_config = resolve_model_config(config.model_config, config.load_config)
         config.scheduler_config.max_model_len = mc.max_model_len
         self.model_config = mc
-        self.tokenizer = get_tokenizer(mc)
+        # skip_tokenizer_init: token ids in and out; text-dependent fields are refused at admission.
+        self.tokenizer = None if mc.skip_tokenizer_init else get_tokenizer(mc)
         resolve_auto_buckets(config, self.tokenizer)  # --token-buckets auto: before any compile
         vocab = int(mc.hf_config.vocab_size)
-        self.eos_token_id = self.tokenizer.eos_token_id
+        self.eos_token_id = (self.tokenizer.eos_token_id if self.tokenizer is not None
+                             else _model_eos_token_id(mc.hf_config))
         generation_config = try_get_generation_config(mc)
         self.default_sampling_params = get_diff_sampling_param(mc, generation_config)
         if self.default_sampling_params:
@@ -71,7 +81,7 @@ class LLMEngine:
         self.input_processor = InputProcessor(
             self.tokenizer, mc.max_model_len, vocab, self.eos_token_id,
             generation_eos_token_ids(generation_config, mc.hf_config), checker.check_params,
-            self.get_structured_output_manager)
+            self.get_structured_output_manager, scheduling_policy=config.scheduler_config.scheduling_policy)
         self._structured_output_manager: StructuredOutputManager | None = None
         self.output_processor = OutputProcessor(self.tokenizer)
         # Builds (and warms up) the core(s): in this process, or engine-core processes.
@@ -159,11 +169,14 @@ class LLMEngine:
     # ---- requests ------------------------------------------------------------------------
 
     def add_request(self, request_id: str, prompt: PromptType | ProcessedPrompt, params: SamplingParams,
-                    arrival_time: float | None = None, *, internal_request_id: str | None = None) -> str:
+                    arrival_time: float | None = None, *, internal_request_id: str | None = None,
+                    priority: int = 0) -> str:
         """Validate and queue a request; returns its internal id (abort_request and step_routed
         use it; RequestOutput.request_id stays the client's). Raises ValueError naming the
-        problem, QueueFullError past max_num_queued_reqs (nothing queued either way)."""
+        problem, QueueFullError past max_num_queued_reqs (nothing queued either way). priority:
+        lower runs first under --scheduling-policy priority (its n > 1 sequences share it)."""
         self.input_processor.check_request_id(request_id)
+        self.input_processor.check_priority(priority)
         internal_id = internal_request_id or make_internal_request_id(request_id, next(self._serial))
         if internal_id in self._live_ids:
             raise InvalidRequestError("request_id", f"Internal request id {internal_id!r} is already in use")
@@ -181,7 +194,8 @@ class LLMEngine:
         # later (step_routed reports it), so the request's state exists before it is sent.
         try:
             engine_index = self.engine_core.add_request([
-                EngineCoreRequest(child_id, processed.prompt_token_ids, child_params, self.eos_token_id, arrival_time)
+                EngineCoreRequest(child_id, processed.prompt_token_ids, child_params, self.eos_token_id, arrival_time,
+                                  priority)
                 for child_id, child_params, _, _ in children])
         except Exception:
             self.output_processor.abort_requests([internal_id])

@@ -39,6 +39,7 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     sampling_params: SamplingParams
     eos_token_id: int | None
     arrival_time: float
+    priority: int = 0  # --scheduling-policy priority (the front end checked it)
 
 
 class EngineCoreRejection(msgspec.Struct, array_like=True):

@@ -8,13 +8,14 @@ from typing import Any, Sequence
 
 from tqdm import tqdm
 
+from jaxlm.beam_search import BeamSearch, BeamSearchOutput, run_beam_search
 from jaxlm.config.model import load_chat_template
 from jaxlm.engine.arg_utils import EngineArgs
 from jaxlm.entrypoints.chat_utils import apply_chat_template, parse_chat_messages
 from jaxlm.engine.input_processor import PromptType
 from jaxlm.engine.llm_engine import LLMEngine
 from jaxlm.outputs import RequestOutput
-from jaxlm.sampling_params import RequestOutputKind, SamplingParams
+from jaxlm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 ChatMessages = list[dict[str, Any]]
 
@@ -22,7 +23,6 @@ ChatMessages = list[dict[str, Any]]
 # jaxlm always does, refused with a clear message otherwise.
 _VLLM_FIXED_ARGS: dict[str, tuple[Any, str]] = {
     "tokenizer_mode": ("auto", "jaxlm loads HF fast tokenizers only"),
-    "skip_tokenizer_init": (False, "jaxlm always loads the tokenizer"),
     "tokenizer_revision": (None, "pass a tokenizer directory as tokenizer="),
     "quantization": (None, "jaxlm has no quantized kernels (a GGUF file is dequantized when loaded)"),
     "kv_cache_dtype": ("auto", "the KV cache is kept in the model's dtype"),
@@ -66,8 +66,9 @@ class LLM:
 
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
-        """Run every prompt to completion; outputs come back in input order."""
+                 use_tqdm: bool = True, priority: Sequence[int] | None = None) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs come back in input order. priority: one per
+        prompt, lower first (needs scheduling_policy="priority" unless all are 0)."""
         if isinstance(prompts, (str, dict)) or (
                 isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
@@ -79,17 +80,37 @@ class LLM:
         if len(sampling_params) != len(prompts):
             raise ValueError(
                 f"Got {len(sampling_params)} sampling params for {len(prompts)} prompts: pass one or one per prompt")
+        if priority is None:
+            priority = [0] * len(prompts)
+        elif len(priority) != len(prompts):
+            raise ValueError(f"Got {len(priority)} priorities for {len(prompts)} prompts: pass one per prompt")
         ids = []
         try:
-            for prompt, params in zip(prompts, sampling_params):
+            for prompt, params, prio in zip(prompts, sampling_params, priority):
                 params = params.clone()
                 params.output_kind = RequestOutputKind.FINAL_ONLY
                 request_id = str(next(self._request_counter))
-                ids.append(self.llm_engine.add_request(request_id, prompt, params))
+                ids.append(self.llm_engine.add_request(request_id, prompt, params, priority=prio))
         except Exception:
             self.llm_engine.abort_request(ids, internal=True)
             raise
         return self._run_engine(ids, use_tqdm)
+
+    def beam_search(self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams,
+                    use_tqdm: bool = False) -> list[BeamSearchOutput]:
+        """vLLM's beam search (jaxlm/beam_search.py): per prompt, the beam_width best sequences;
+        each beam is one request per step, sharing the prompt's KV blocks through the prefix
+        cache. A sequence's tokens and text include the prompt's (as vLLM's LLM.beam_search)."""
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        engine = self.llm_engine
+        ids = [engine.input_processor.process_prompt(p).prompt_token_ids for p in prompts]
+        mc = engine.model_config
+        search = BeamSearch(ids, params, engine.eos_token_id, mc.max_model_len, mc.max_logprobs)
+        tokenizer = self.get_tokenizer()
+        return run_beam_search(
+            search, lambda step, sp: self.generate([{"prompt_token_ids": t} for t in step], sp, use_tqdm=use_tqdm),
+            tokenizer.decode if tokenizer is not None else None)
 
     def chat(self, messages: ChatMessages | list[ChatMessages],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -104,6 +125,9 @@ class LLM:
         (SamplingParams(structured_outputs=...))."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         tokenizer = self.get_tokenizer()
+        if tokenizer is None:
+            raise ValueError("chat() renders messages with the tokenizer's chat template, and this LLM was "
+                             "built with skip_tokenizer_init=True: pass token ids to generate() instead")
         template = load_chat_template(chat_template) or self.llm_engine.model_config.chat_template
         prompts = []
         for conversation in conversations:

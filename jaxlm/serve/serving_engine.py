@@ -18,7 +18,7 @@ from jaxlm.engine.async_llm_engine import AsyncLLMEngine
 from jaxlm.engine.exceptions import QueueFullError
 from jaxlm.engine.input_processor import InvalidRequestError, ProcessedPrompt, PromptTooLongError
 from jaxlm.outputs import CompletionOutput, Logprob, RequestOutput, RequestStateStats
-from jaxlm.sampling_params import SamplingParams
+from jaxlm.sampling_params import BeamSearchParams, SamplingParams
 from jaxlm.serve.errors import OpenAIError, error_response, to_openai_error
 from jaxlm.serve.metrics import ServerMetrics
 from jaxlm.serve.protocol import PromptLogprob, SamplingRequest
@@ -130,6 +130,19 @@ class OpenAIServing:
             logger.warning("The following fields were present in the request but ignored: %s", ignored)
         if request.stream and request.prompt_logprobs is not None:
             raise OpenAIError("prompt_logprobs are not available when stream is enabled", 400, "prompt_logprobs")
+        if request.stream and request.use_beam_search:
+            raise OpenAIError("use_beam_search does not support streaming: its beams are ranked only at the "
+                              "end; send stream=false", 400, "stream")
+
+    def require_tokenizer(self, param: str | None, what: str) -> None:
+        """400 for what needs text when the server runs with --skip-tokenizer-init."""
+        if self.tokenizer is None:
+            raise OpenAIError(f"{what} needs a tokenizer, and this server runs with --skip-tokenizer-init: "
+                              "send token ids", 400, param)
+
+    def decode(self, ids: list[int]) -> str:
+        """Token ids -> text ("" without a tokenizer: --skip-tokenizer-init)."""
+        return self.tokenizer.decode(ids) if self.tokenizer is not None else ""
 
     def truncate(self, ids: list[int], truncate_prompt_tokens: int | None) -> list[int]:
         """The last N prompt tokens (-1: max_model_len), vLLM's truncate_prompt_tokens."""
@@ -163,10 +176,23 @@ class OpenAIServing:
         return ip.max_tokens_for(prompt_len, requested)
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        self.require_tokenizer("prompt", "a text prompt")
         try:
             return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
         except Exception as e:  # noqa: BLE001 - e.g. lone surrogates the tokenizer cannot take
             raise OpenAIError(f"the text cannot be tokenized: {e}", 400, "prompt") from e
+
+    def beam_search_params(self, request: SamplingRequest, params: SamplingParams) -> BeamSearchParams | None:
+        """use_beam_search: n beams over the request's resolved params (no output constraint)."""
+        if not request.use_beam_search:
+            return None
+        if params.structured_outputs is not None:
+            raise OpenAIError("use_beam_search does not support output constraints (response_format, "
+                              "structured_outputs, tool_choice)", 400, "use_beam_search")
+        try:
+            return request.beam_search_params(params)
+        except ValueError as e:
+            raise OpenAIError(str(e), 400, "length_penalty" if "length_penalty" in str(e) else "n") from e
 
     def build_params(self, make: Any, max_tokens: int,
                      structured_outputs: StructuredOutputsParams | None = None) -> SamplingParams:
@@ -187,11 +213,12 @@ class OpenAIServing:
     # ------------------------------------------------------------ generation
     async def generate(
         self, prompt_ids: list[int], params: SamplingParams, request_id: str, arrival_time: float,
-        prompt_text: str | None = None,
+        prompt_text: str | None = None, priority: int = 0, beam_search: BeamSearchParams | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """engine.generate plus the request-level metrics (and log lines, --enable-log-requests);
         arrival_time (time.time()) is when the server got the request, before tokenization: TTFT
-        and e2e latency count from it. prompt_text: the client's text, when it sent one.
+        and e2e latency count from it. prompt_text: the client's text, when it sent one. With
+        beam_search, one final output with a completion per beam (AsyncLLMEngine.beam_search).
 
         prompt_ids have passed check_token_ids and resolve_max_tokens (the InputProcessor's
         prompt checks), so the engine takes them as a ProcessedPrompt without checking again."""
@@ -200,8 +227,12 @@ class OpenAIServing:
         prompt = ProcessedPrompt(None, list(prompt_ids))
         if self.request_logger is not None:
             self.request_logger.log_inputs(request_id, prompt_text, prompt.prompt_token_ids, params)
+        if beam_search is not None:
+            outputs = self._beam_search(prompt, request_id, beam_search, priority)
+        else:
+            outputs = self.engine.generate(prompt, params, request_id, arrival_time=arrival_time, priority=priority)
         try:
-            async for out in self.engine.generate(prompt, params, request_id, arrival_time=arrival_time):
+            async for out in outputs:
                 now = time.time()
                 for o in out.outputs:
                     seq = seqs.setdefault(o.index, _SeqProgress())
@@ -219,6 +250,16 @@ class OpenAIServing:
         finally:
             if not rejected:
                 self._observe_end(seqs, arrival_time, len(prompt_ids), params, request_id)
+
+    async def _beam_search(self, prompt: ProcessedPrompt, request_id: str, params: BeamSearchParams,
+                           priority: int) -> AsyncIterator[RequestOutput]:
+        self.input_processor.check_priority(priority)  # the beams' requests would each refuse it
+        try:
+            yield await self.engine.beam_search(prompt, request_id, params, priority=priority)
+        except ValueError as e:
+            if isinstance(e, InvalidRequestError) or "beam_width" not in str(e):
+                raise
+            raise InvalidRequestError("n", str(e).replace("beam_width", "n")) from e
 
     def _observe_output(self, seq: "_SeqProgress", o: CompletionOutput, out: RequestOutput, now: float,
                         arrival_time: float, prompt_len: int, params: SamplingParams) -> None:
@@ -256,6 +297,7 @@ class OpenAIServing:
     def tokenizer_info(self) -> dict[str, Any]:
         """vLLM's /tokenizer_info: the tokenizer's class, config and chat template (what lm-eval's
         remote tokenizer reads: eos/bos/pad tokens, chat_template)."""
+        self.require_tokenizer(None, "/tokenizer_info")
         tok = self.tokenizer
         info: dict[str, Any] = {"tokenizer_class": type(tok).__name__}
         for key, value in getattr(tok, "init_kwargs", {}).items():
@@ -275,6 +317,8 @@ class OpenAIServing:
             return f"token_id:{token_id}"
         if lp is not None and lp.decoded_token is not None:
             return lp.decoded_token
+        if self.tokenizer is None:  # --skip-tokenizer-init
+            return f"token_id:{token_id}"
         return self.tokenizer.decode([token_id])
 
     def top_entries(self, position: dict[int, Logprob], limit: int | None) -> list[tuple[int, Logprob]]:

@@ -95,8 +95,10 @@ class FakeLLMEngine:
         return {}
 
     def add_request(self, request_id: str, prompt: Any, params: SamplingParams,
-                    arrival_time: float | None = None, *, internal_request_id: str | None = None) -> str:
+                    arrival_time: float | None = None, *, internal_request_id: str | None = None,
+                    priority: int = 0) -> str:
         self.input_processor.check_request_id(request_id)
+        self.input_processor.check_priority(priority)  # fcfs: only 0 passes
         internal_id = internal_request_id or make_internal_request_id(request_id, next(self._serial))
         processed = self.input_processor.process_prompt(prompt)
         prompt, ids = processed.prompt, processed.prompt_token_ids

@@ -50,6 +50,7 @@ FLAG_TESTS = {
     "--model": "tests/serve/test_cli.py::test_serve_tiny_model_then_sigterm_drains_and_exits_0",
     "--tokenizer": "tests/model_loader/test_loader_resolve.py::test_tokenizer_from_directory",
     "--revision": "tests/model_loader/test_loader_hf_cache.py::test_explicit_revision",
+    "--skip-tokenizer-init": "tests/serve/test_serving_priority_dp.py::test_text_needs_a_tokenizer",
     # Accepted for vLLM scripts; jaxlm never runs a model's code (the test: accepted, no effect).
     "--trust-remote-code": "tests/entrypoints/test_llm_args.py::test_engine_fields_are_accepted",
     "--dtype": "tests/model_loader/test_loader_safetensors.py::test_bf16_checkpoint_and_dtype_placement",
@@ -74,6 +75,7 @@ FLAG_TESTS = {
     "--max-num-batched-tokens": "tests/serve/test_compat.py::test_echo_logprobs_keep_every_prompt_position_over_a_multi_step_prefill",
     "--max-num-queued-reqs": "tests/serve/test_hostile.py::test_hostile_cases_get_clean_4xx_and_leave_the_server_healthy",
     "--async-scheduling": "tests/engine/test_async_scheduling.py::test_driver_is_used_only_when_asked",
+    "--scheduling-policy": "tests/serve/test_serving_priority_dp.py::test_priority_orders_each_core_across_the_process_boundary",
     # ParallelConfig
     "--tensor-parallel-size": "tests/executor/test_mesh_executor.py::test_each_device_holds_only_its_shard",
     "--pipeline-parallel-size": "tests/executor/test_pipeline_parallel.py::test_each_stage_holds_only_its_layers",
