@@ -29,9 +29,9 @@ from jaxlm.serve.protocol_chat import (
     ChatCompletionStreamResponse,
     DeltaMessage,
 )
-from jaxlm.serve.serving_engine import (
+from jaxlm.serve.serving_engine import OpenAIServing
+from jaxlm.serve.stream_utils import (
     ChoiceState,
-    OpenAIServing,
     add_prompt_logprobs,
     clamp_logprob,
     prompt_logprobs_json,

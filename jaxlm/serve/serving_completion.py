@@ -17,9 +17,9 @@ from jaxlm.serve.protocol import (
     UsageInfo,
     random_uuid,
 )
-from jaxlm.serve.serving_engine import (
+from jaxlm.serve.serving_engine import OpenAIServing
+from jaxlm.serve.stream_utils import (
     ChoiceState,
-    OpenAIServing,
     add_prompt_logprobs,
     clamp_logprob,
     prompt_logprobs_json,
