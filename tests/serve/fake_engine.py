@@ -65,6 +65,7 @@ class FakeLLMEngine:
             max_num_queued_reqs=max_num_queued_reqs,
         ).create_engine_config()
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        self.eos_token_id = self.tokenizer.eos_token_id  # as LLMEngine (beam search reads it)
         self.cycle = self.tokenizer.encode(SENTENCE, add_special_tokens=False)
         self.step_delay = step_delay
         self.max_num_seqs = max_num_seqs
