@@ -58,6 +58,7 @@ class _Add:
     prompt: Any
     params: SamplingParams
     arrival_time: float
+    lora_request: Any = None
 
 
 @dataclasses.dataclass
@@ -151,9 +152,11 @@ class AsyncLLMEngine:
         sampling_params: SamplingParams,
         request_id: str,
         arrival_time: float | None = None,
+        lora_request: Any = None,
     ) -> AsyncIterator[RequestOutput]:
         """Yields the request's outputs until it finishes; closing the generator aborts it.
-        Two live requests may share a request_id: each gets its own outputs."""
+        Two live requests may share a request_id: each gets its own outputs. lora_request: the
+        adapter (a LoRARequest) to run it with."""
         if not self.is_running:
             raise self.dead_error if self._dead is not None else EngineDeadError("engine is stopped")
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), request_id, sampling_params.n)
@@ -161,7 +164,7 @@ class AsyncLLMEngine:
             internal_id = make_internal_request_id(request_id, next(self._serial))
             self._streams[internal_id] = stream
             self._commands.append(_Add(request_id, internal_id, prompt, sampling_params,
-                                       arrival_time or time.time()))
+                                       arrival_time or time.time(), lora_request))
             self._cv.notify()
         self._wakeup()
         finished = False
@@ -303,7 +306,7 @@ class AsyncLLMEngine:
         try:
             # Raises ValueError for bad input, QueueFullError past --max-num-queued-reqs.
             engine.add_request(cmd.request_id, cmd.prompt, cmd.params, arrival_time=cmd.arrival_time,
-                               internal_request_id=cmd.internal_id)
+                               internal_request_id=cmd.internal_id, lora_request=cmd.lora_request)
         except Exception as e:  # noqa: BLE001 - goes to this request's caller only
             with self._cv:
                 stream = self._streams.pop(cmd.internal_id, None)

@@ -21,6 +21,7 @@ from jaxlm.engine.input_processor import (
 from jaxlm.engine.output_processor import OutputProcessor, ParentRequest
 from jaxlm.executor.abstract import Executor
 from jaxlm.executor.distributed import init_distributed
+from jaxlm.lora.checker import LoRAChecker
 from jaxlm.config import EngineConfig
 from jaxlm.model_loader import get_tokenizer, resolve_model_config
 from jaxlm.core.outputs import FinishReason
@@ -74,6 +75,7 @@ class LLMEngine:
             generation_eos_token_ids(generation_config, mc.hf_config), checker.check_params,
             self.get_structured_output_manager)
         self._structured_output_manager: StructuredOutputManager | None = None
+        self.lora_checker = LoRAChecker(mc, config.lora_config)
         self.output_processor = OutputProcessor(self.tokenizer)
         # Builds (and warms up) the core(s): in this process, or engine-core processes.
         self.engine_core = EngineCoreClient.make_client(config, multiprocess, core_env)
@@ -153,11 +155,14 @@ class LLMEngine:
     # ---- requests ------------------------------------------------------------------------
 
     def add_request(self, request_id: str, prompt: PromptType | ProcessedPrompt, params: SamplingParams,
-                    arrival_time: float | None = None, *, internal_request_id: str | None = None) -> str:
+                    arrival_time: float | None = None, *, internal_request_id: str | None = None,
+                    lora_request: Any = None) -> str:
         """Validate and queue a request; returns its internal id (abort_request and step_routed
         use it; RequestOutput.request_id stays the client's). Raises ValueError naming the
-        problem, QueueFullError past max_num_queued_reqs (nothing queued either way)."""
+        problem, QueueFullError past max_num_queued_reqs (nothing queued either way).
+        lora_request: the LoRARequest of the adapter to run it with (None: the base model)."""
         self.input_processor.check_request_id(request_id)
+        self.lora_checker.check(lora_request)
         internal_id = internal_request_id or make_internal_request_id(request_id, next(self._serial))
         if internal_id in self._live_ids:
             raise InvalidRequestError("request_id", f"Internal request id {internal_id!r} is already in use")
@@ -175,7 +180,8 @@ class LLMEngine:
         # later (step_routed reports it), so the request's state exists before it is sent.
         try:
             self.engine_core.add_request([
-                EngineCoreRequest(child_id, processed.prompt_token_ids, child_params, self.eos_token_id, arrival_time)
+                EngineCoreRequest(child_id, processed.prompt_token_ids, child_params, self.eos_token_id, arrival_time,
+                                  lora_request)
                 for child_id, child_params, _, _ in children])
         except Exception:
             self.output_processor.abort_requests([internal_id])

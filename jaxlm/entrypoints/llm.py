@@ -11,6 +11,7 @@ from tqdm import tqdm
 from jaxlm.engine.arg_utils import EngineArgs
 from jaxlm.engine.input_processor import PromptType
 from jaxlm.engine.llm_engine import LLMEngine
+from jaxlm.lora.request import LoRARequest
 from jaxlm.outputs import RequestOutput
 from jaxlm.sampling_params import RequestOutputKind, SamplingParams
 
@@ -26,7 +27,6 @@ _VLLM_FIXED_ARGS: dict[str, tuple[Any, str]] = {
     "kv_cache_dtype": ("auto", "the KV cache is kept in the model's dtype"),
     "enable_chunked_prefill": (True, "jaxlm always chunks prefills into the step budget"),
     "cpu_offload_gb": (0, "jaxlm does not offload weights"),
-    "enable_lora": (False, "LoRA adapters are not supported"),
     "speculative_config": (None, "speculative decoding is not supported"),
     "hf_overrides": (None, "the model's config.json is used as it is"),
 }
@@ -63,8 +63,10 @@ class LLM:
 
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
-        """Run every prompt to completion; outputs come back in input order."""
+                 use_tqdm: bool = True,
+                 lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs come back in input order. lora_request: the
+        adapter for every prompt, or one per prompt (None: the base model; needs enable_lora=True)."""
         if isinstance(prompts, (str, dict)) or (
                 isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
@@ -76,13 +78,16 @@ class LLM:
         if len(sampling_params) != len(prompts):
             raise ValueError(
                 f"Got {len(sampling_params)} sampling params for {len(prompts)} prompts: pass one or one per prompt")
+        loras = list(lora_request) if isinstance(lora_request, (list, tuple)) else [lora_request] * len(prompts)
+        if len(loras) != len(prompts):
+            raise ValueError(f"Got {len(loras)} lora requests for {len(prompts)} prompts: pass one or one per prompt")
         ids = []
         try:
-            for prompt, params in zip(prompts, sampling_params):
+            for prompt, params, lora in zip(prompts, sampling_params, loras):
                 params = params.clone()
                 params.output_kind = RequestOutputKind.FINAL_ONLY
                 request_id = str(next(self._request_counter))
-                ids.append(self.llm_engine.add_request(request_id, prompt, params))
+                ids.append(self.llm_engine.add_request(request_id, prompt, params, lora_request=lora))
         except Exception:
             self.llm_engine.abort_request(ids, internal=True)
             raise
@@ -93,7 +98,8 @@ class LLM:
              use_tqdm: bool = True, chat_template: str | None = None,
              add_generation_prompt: bool = True, continue_final_message: bool = False,
              chat_template_kwargs: dict[str, Any] | None = None,
-             tools: list[dict[str, Any]] | None = None) -> list[RequestOutput]:
+             tools: list[dict[str, Any]] | None = None,
+             lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None) -> list[RequestOutput]:
         """Render each conversation with the tokenizer's chat template, then generate. tools
         (OpenAI's {"type": "function", "function": {...}} dicts) reach the template as ``tools``;
         to force a call, constrain the output (SamplingParams(structured_outputs=...))."""
@@ -108,7 +114,7 @@ class LLM:
             if isinstance(ids, dict) or hasattr(ids, "input_ids"):
                 ids = ids["input_ids"]
             prompts.append({"prompt_token_ids": list(ids)})
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, lora_request=lora_request)
 
     def _run_engine(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         """ids: the engine's internal ids, in input order."""

@@ -54,6 +54,8 @@ from jaxlm.config import EngineConfig
 from jaxlm.core.outputs import ModelRunnerOutput
 from jaxlm.core.sched_output import SchedulerOutput
 from jaxlm.executor.distributed import place_inputs
+from jaxlm.lora.layers import install_lora, set_lora_step
+from jaxlm.lora.slots import LoRASlotManager
 from jaxlm.sample.builder import SamplingInputBuilder
 from jaxlm.sample.metadata import SERVING_VARIANTS, HostArrays, SamplerVariant, unpack_metadata
 from jaxlm.sample.sampler import compute_prompt_logprobs, sample
@@ -86,9 +88,13 @@ class ModelRunner:
         hf_config = config.model_config.hf_config
         # From the model's own args: under tensor parallel they may hold replicated KV heads.
         self.kv_cache_spec = type(model).kv_cache_spec(model.args)
+        lora = config.lora_config
+        lora_targets = install_lora(model, lora.max_loras, lora.max_lora_rank, mesh) if lora.enable_lora else None
         self.graphdef, self.params = nnx.split(model)
         # Flattened once: the programs take the leaves as a flat list (see the module docstring).
         self._param_leaves, self._param_treedef = jax.tree.flatten(self.params)
+        # LoRA: adapter slots on the device, a slot index per token (jaxlm/lora/slots.py).
+        self.lora = LoRASlotManager(model, lora_targets, lora, self._param_leaves) if lora_targets else None
         self.kernel_constraints = kernel_constraints(model, self.block_size, self.kv_cache_spec.head_dim)
         c = self.kernel_constraints
         comp = config.compilation_config
@@ -166,6 +172,8 @@ class ModelRunner:
     def _step_shapes(self, T: int, kind: str) -> dict[str, tuple[int, ...]]:
         """Shapes of the body's packed inputs for token bucket T (input_batch.STEP_FIELDS)."""
         shapes = self.input_batch.step_shapes(T, self._rows_for(T), self.sample_capacity)
+        if self.lora is not None:
+            shapes["lora_slots"] = (T,)
         if kind == PROMPT_LOGPROBS:
             shapes["next_token_ids"] = (T,)
         return shapes
@@ -182,6 +190,8 @@ class ModelRunner:
             # max_query_len is static: a kernel backend traces its decode kernel for DECODE.
             md = AttentionMetadata(**{f: x[f] for f in _MD_FIELDS}, max_query_len=1 if kind == DECODE else None)
             model = nnx.merge(graphdef, params)
+            if "lora_slots" in x:
+                set_lora_step(model, x["lora_slots"])
             hidden, kv_caches = model(x["input_ids"], md.positions, kv_caches, md)
             selected = hidden[x["logits_indices"]]
             if replicated is not None:
@@ -265,6 +275,8 @@ class ModelRunner:
     def _update_states(self, so: SchedulerOutput) -> None:
         for req_id in self.input_batch.update_states(so):  # finished or preempted
             self.sampling.remove_request(req_id)
+            if self.lora is not None:
+                self.lora.remove_request(req_id)
         for req_id in so.finished_req_ids:
             # Only a finish forgets what was delivered: a preempted request resumes from there.
             self.prompt_logprobs.finish_request(req_id)
@@ -272,6 +284,8 @@ class ModelRunner:
         for new in so.scheduled_new_reqs:
             self.sampling.remove_request(new.req_id)
             self._add_sampling_request(new)
+            if self.lora is not None and (error := self.lora.add_request(new.req_id, new.lora_request)):
+                self._failed_reqs[new.req_id] = error
             if new.sampling_params.structured_outputs is not None:
                 self.grammars.add_request(new.req_id, new.sampling_params.structured_outputs, new.output_token_ids)
             if new.sampling_params.prompt_logprobs is not None:
@@ -307,7 +321,7 @@ class ModelRunner:
         sampling = self._sampling_inputs(inputs)  # before the body: nothing between the dispatches
         if timer:
             timer.lap("prepare")
-        body_in, md_in = self._device_inputs(inputs, kind, sampling)
+        body_in, md_in = self._device_inputs(inputs, kind, sampling, self._lora_inputs(inputs, T))
         if timer:
             timer.lap("transfer")
         outs = self._body[(T, kind)](self._param_leaves, self.kv_caches, body_in, self._last_tokens)
@@ -364,16 +378,25 @@ class ModelRunner:
             timer.lap("dispatch")
         return out, placed
 
-    def _device_inputs(self, x: StepInputs, kind: str,
-                       host_md: HostArrays | None) -> tuple[Any, Any]:
-        """The body's int32 inputs in one buffer and, unless the step is constrained (its mask
-        is filled later), the sampler's. Host buffers, given to the compiled programs as they
-        are: the executable's C++ call path copies them to the device (measured on CPU: 7 us
-        per call against ~50 us for a jax.device_put of both first)."""
-        packed = x.packed
+    def _device_inputs(self, x: StepInputs, kind: str, host_md: HostArrays | None,
+                       extra: list[np.ndarray] = ()) -> tuple[Any, Any]:
+        """The body's int32 inputs in one buffer (``extra``: the LoRA token slots) and, unless
+        the step is constrained (its mask is filled later), the sampler's. Host buffers, given to
+        the compiled programs as they are: the executable's C++ call path copies them to the
+        device (measured on CPU: 7 us per call against ~50 us for a jax.device_put of both first)."""
+        parts = [x.packed, *extra]
         if kind == PROMPT_LOGPROBS:
-            packed = np.concatenate([packed, self.input_batch.next_token_ids(x)])
+            parts.append(self.input_batch.next_token_ids(x))
+        packed = parts[0] if len(parts) == 1 else np.concatenate(parts)
         return self._place(packed), self._sampler_input(host_md)
+
+    def _lora_inputs(self, x: StepInputs, T: int) -> list[np.ndarray]:
+        """[the step's adapter slot per token], its adapters loaded into slots first; [] without LoRA."""
+        if self.lora is None:
+            return []
+        slots, failed = self.lora.token_slots(x.req_ids, x.token_to_req, x.num_tokens, T)
+        self._failed_reqs.update(failed)
+        return [slots]
 
     def _sampler_input(self, host_md: HostArrays | None) -> Any:
         """The sampler's packed metadata, or None when there is none yet (no sampled row, or a
