@@ -57,14 +57,15 @@ class AdapterSpec:
 def resolve_adapter_path(name: str, path: str) -> str:
     """A local directory for ``path``: itself, or ``org/name`` in the local Hugging Face cache."""
     from jaxlm.model_loader.errors import NoWeightsError
-    from jaxlm.model_loader.hf_cache import resolve_model_path
+    from jaxlm.model_loader.hf_cache import hf_hub_cache_dir, resolve_model_path
 
     if not path:
         raise LoRAAdapterError(name, "no lora_path given")
     try:
         local = resolve_model_path(path)
-    except NoWeightsError as e:
-        raise LoRAAdapterError(name, f"{path!r} is no local directory, and {e}") from None
+    except NoWeightsError:
+        raise LoRAAdapterError(name, f"{path!r} is neither a local directory nor in the local Hugging Face cache "
+                                     f"({hf_hub_cache_dir()}; jaxlm never downloads)") from None
     if not os.path.isdir(local):
         raise LoRAAdapterError(name, f"{path!r} is not a directory (a PEFT adapter is a directory holding "
                                      f"{CONFIG_FILE} and {WEIGHTS_FILE})")
