@@ -9,22 +9,23 @@ skipped), gives them to the sampling state, and builds the step's ModelRunnerOut
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 import numpy as np
 
 from jaxlm.core.outputs import LogprobsLists, ModelRunnerOutput
 from jaxlm.worker.input_batch import StepInputs
-
-if TYPE_CHECKING:
-    from jaxlm.worker.model_runner import ModelRunner
+from jaxlm.worker.request_states import RequestStates
 
 
 class StepHandle:
-    def __init__(self, runner: "ModelRunner", inputs: StepInputs | None, sampler_out: Any = None,
-                 placed: tuple[np.ndarray, np.ndarray] | None = None, prompt_lps: Any = None) -> None:
-        self.runner, self.inputs, self.sampler_out, self.prompt_lps = runner, inputs, sampler_out, prompt_lps
+    def __init__(self, states: RequestStates, inputs: StepInputs | None, sampler_out: Any = None,
+                 placed: tuple[np.ndarray, np.ndarray] | None = None, prompt_lps: Any = None,
+                 timer: Any = None) -> None:
+        self.states, self.inputs, self.sampler_out, self.prompt_lps = states, inputs, sampler_out, prompt_lps
+        # Benchmarks only: the runner's step_timer when the step was dispatched.
+        self.timer = timer
         # (rows, positions) of the sampled tokens' placeholders in the input batch.
         self.placed = placed
         self._result: ModelRunnerOutput | None = None
@@ -35,7 +36,7 @@ class StepHandle:
         return self._result
 
     def _finish(self) -> ModelRunnerOutput:
-        inputs, runner = self.inputs, self.runner
+        inputs, states = self.inputs, self.states
         sampled, logprobs = self._sample_tokens()
         prompt_logprobs = self._prompt_logprobs() if self.prompt_lps is not None else {}
         return ModelRunnerOutput(
@@ -44,13 +45,12 @@ class StepHandle:
             sampled_token_ids=[[sampled[r]] if r in sampled else [] for r in inputs.req_ids],
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
-            failed_req_ids=runner._take_failed(inputs.req_ids),
-            grammar_terminated_req_ids=runner.grammars.advance(sampled),
+            failed_req_ids=states.take_failed(inputs.req_ids),
+            grammar_terminated_req_ids=states.grammars.advance(sampled),
         )
 
     def _sample_tokens(self) -> tuple[dict[str, int], LogprobsLists | None]:
-        inputs, out, runner = self.inputs, self.sampler_out, self.runner
-        timer = runner.step_timer
+        inputs, out, states, timer = self.inputs, self.sampler_out, self.states, self.timer
         if out is None:
             return {}, None
         req_ids = inputs.sample_req_ids
@@ -58,9 +58,9 @@ class StepHandle:
         token_ids = np.asarray(out.sampled_token_ids)[:n]  # waits for the device
         if timer:
             timer.lap("wait")
-        live = runner.input_batch.fill_placeholders(req_ids, *self.placed, token_ids)
+        live = states.input_batch.fill_placeholders(req_ids, *self.placed, token_ids)
         token_list = token_ids.tolist()
-        runner.sampling.record_tokens([r for r, ok in zip(req_ids, live) if ok],
+        states.sampling.record_tokens([r for r, ok in zip(req_ids, live) if ok],
                                       [t for t, ok in zip(token_list, live) if ok])
         sampled = dict(zip(req_ids, token_list))
         logprobs = _logprobs_rows(inputs, out, n) if out.logprob_token_ids is not None else None
@@ -70,7 +70,7 @@ class StepHandle:
 
     def _prompt_logprobs(self) -> dict[str, LogprobsLists]:
         """Logprobs of the prompt positions computed this step that were not delivered yet."""
-        inputs, tracker = self.inputs, self.runner.prompt_logprobs
+        inputs, tracker = self.inputs, self.states.prompt_logprobs
         ids, lps, ranks = jax.device_get(self.prompt_lps)
         out = {}
         for i in tracker.wanted(inputs.req_ids):
