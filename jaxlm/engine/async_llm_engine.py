@@ -141,6 +141,15 @@ class AsyncLLMEngine:
         """The engine's InputProcessor (the one admission path) for checks before queueing."""
         return self.engine.get_input_processor()
 
+    def check_lora(self, lora_request: Any) -> None:
+        """ValueError naming what makes an adapter unusable on this model (safe from any thread)."""
+        self.engine.lora_checker.check(lora_request)
+
+    def forget_lora(self, lora_int_id: int) -> None:
+        """An adapter was unloaded: forget its check (the cores drop it from host memory and its
+        slot as newer adapters need the room)."""
+        self.engine.lora_checker.forget(lora_int_id)
+
     def get_diff_sampling_param(self) -> dict[str, Any]:
         """SamplingParams defaults from the model's generation_config.json (request fields win)."""
         return self.engine.get_diff_sampling_param()

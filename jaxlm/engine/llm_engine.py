@@ -330,6 +330,9 @@ class LLMEngine:
             # A copy: the frontend reads it on another thread (vllm:iteration_tokens_total).
             "iteration_tokens": self.output_processor.iteration_tokens.snapshot(),
             "engines": list(engines),
+            # vllm:lora_requests_info: adapters of running / waiting requests and the slot count.
+            "lora": ({"max_lora": self.engine_config.lora_config.max_loras, "running": s.running_lora_adapters,
+                      "waiting": s.waiting_lora_adapters} if self.engine_config.lora_config.enable_lora else None),
         }
 
     def _maybe_log_stats(self) -> None:

@@ -24,6 +24,8 @@ from jaxlm.serve.errors import install_error_handlers
 from jaxlm.serve.metrics import ServerMetrics, cache_config_info
 from jaxlm.serve.middleware import AuthenticationMiddleware, BodyLimitMiddleware
 from jaxlm.serve.routes import ROUTERS
+from jaxlm.serve.routes.lora import router as lora_router
+from jaxlm.serve.serving_models import ServingModels, runtime_lora_updating_allowed
 from jaxlm.serve.serving_chat import OpenAIServingChat
 from jaxlm.serve.serving_completion import OpenAIServingCompletion
 
@@ -44,6 +46,8 @@ def build_app(args: argparse.Namespace) -> FastAPI:
     install_error_handlers(app)
     for router in ROUTERS:
         app.include_router(router)
+    if runtime_lora_updating_allowed():  # vLLM's switch: POST /v1/load_lora_adapter, /v1/unload_lora_adapter
+        app.include_router(lora_router)
     # add_middleware wraps: the last added runs first (CORS, then the key, then the body limit).
     app.add_middleware(BodyLimitMiddleware, max_bytes=args.max_request_body_bytes,
                        idle_timeout_s=args.request_header_timeout)
@@ -73,8 +77,10 @@ def init_app_state(engine: AsyncLLMEngine, state: Any, args: argparse.Namespace)
     state.max_model_len = max_model_len
     state.metrics = ServerMetrics(names[0], max_model_len, engine.get_stats,
                                   cache_config_info(engine.engine_config.cache_config))
-    state.serving_completion = OpenAIServingCompletion(engine, names, max_model_len, state.metrics)
-    state.serving_chat = OpenAIServingChat(engine, names, max_model_len, state.metrics)
+    state.models = ServingModels(engine, names, model_config.model, max_model_len,
+                                 getattr(args, "lora_modules", None))
+    state.serving_completion = OpenAIServingCompletion(engine, names, max_model_len, state.metrics, state.models)
+    state.serving_chat = OpenAIServingChat(engine, names, max_model_len, state.metrics, state.models)
     state.serving_chat.template_policy = ChatTemplatePolicy(
         trust_request_chat_template=args.trust_request_chat_template, timeout_s=args.chat_template_timeout)
     state.serving_chat.configure(args)  # tool-call and reasoning parsers

@@ -76,6 +76,16 @@ _PER_ENGINE_FIELDS = {
 }
 
 
+def _lora_info(lora: dict[str, Any]) -> Metric:
+    """vLLM's vllm:lora_requests_info: the adapters (comma-separated names) of running and waiting
+    requests as labels, the time of the reading as the value."""
+    labels = {"max_lora": str(lora["max_lora"]), "running_lora_adapters": ",".join(sorted(lora["running"])),
+              "waiting_lora_adapters": ",".join(sorted(lora["waiting"]))}
+    family = GaugeMetricFamily("vllm:lora_requests_info", "Running stats on lora requests.", labels=list(labels))
+    family.add_metric(list(labels.values()), time.time())
+    return family
+
+
 class EngineStatsCollector:
     """Engine-level metrics from the stats snapshot, read at scrape time (the engine counts;
     the server only exposes): gauges, counters, vllm:iteration_tokens_total and
@@ -107,6 +117,8 @@ class EngineStatsCollector:
                                  labels=list(self.cache_config_info))
         info.add_metric(list(self.cache_config_info.values()), 1.0)
         yield info
+        if stats.get("lora") is not None:
+            yield _lora_info(stats["lora"])
 
     @staticmethod
     def _iteration_tokens(snapshot: Any, names: list[str], values: list[str]) -> Metric:

@@ -133,7 +133,7 @@ class OpenAIServingChat(OpenAIServing):
         max_tokens = self.resolve_max_tokens(len(ids), request.requested_max_tokens())
         params = self.build_params(request.to_sampling_params, max_tokens, structured_outputs)
         request_id = f"chatcmpl-{request.request_id or random_uuid()}"
-        gen = self.generate(ids, params, request_id, arrival_time)
+        gen = self.generate(ids, params, request_id, arrival_time, model)
         try:
             first = await anext(gen)  # errors before the first output keep their HTTP status
         except StopAsyncIteration:

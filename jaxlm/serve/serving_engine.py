@@ -22,6 +22,7 @@ from jaxlm.sampling_params import SamplingParams
 from jaxlm.serve.errors import OpenAIError, error_response, to_openai_error
 from jaxlm.serve.metrics import ServerMetrics
 from jaxlm.serve.protocol import PromptLogprob, SamplingRequest
+from jaxlm.serve.serving_models import ServingModels
 from jaxlm.structured_output.params import StructuredOutputsParams
 
 logger = logging.getLogger(__name__)
@@ -84,9 +85,12 @@ class OpenAIServing:
         served_model_names: list[str],
         max_model_len: int,
         metrics: ServerMetrics,
+        models: ServingModels | None = None,
     ) -> None:
         self.engine = engine
         self.served_model_names = served_model_names
+        # The base model's names and the LoRA adapters (a request's model may name one).
+        self.models = models or ServingModels(engine, served_model_names, None, max_model_len)
         self.max_model_len = max_model_len
         self.metrics = metrics
         # The engine's --max-logprobs, checked before any per-logprob work (not a fixed cap here).
@@ -101,12 +105,8 @@ class OpenAIServing:
 
     # ------------------------------------------------------------ checks
     def check_model(self, model: str | None) -> str:
-        """The name to answer with; 404 for a model this server does not serve."""
-        if not model:
-            return self.served_model_names[0]
-        if model not in self.served_model_names:
-            raise OpenAIError(f"The model `{model}` does not exist.", 404, "model")
-        return model
+        """The name to answer with; 404 for a model or LoRA adapter this server does not serve."""
+        return self.models.check_model(model)
 
     def check_engine(self) -> None:
         if not self.engine.is_running:
@@ -179,18 +179,21 @@ class OpenAIServing:
 
     # ------------------------------------------------------------ generation
     async def generate(
-        self, prompt_ids: list[int], params: SamplingParams, request_id: str, arrival_time: float
+        self, prompt_ids: list[int], params: SamplingParams, request_id: str, arrival_time: float,
+        model: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """engine.generate plus the request-level metrics; arrival_time (time.time()) is when the
         server got the request, before tokenization: TTFT and e2e latency count from it.
 
         prompt_ids have passed check_token_ids and resolve_max_tokens (the InputProcessor's
-        prompt checks), so the engine takes them as a ProcessedPrompt without checking again."""
+        prompt checks), so the engine takes them as a ProcessedPrompt without checking again.
+        model: the checked model name; a LoRA adapter's name runs the request with it."""
         seqs: dict[int, _SeqProgress] = {}
         rejected = False
         prompt = ProcessedPrompt(None, list(prompt_ids))
         try:
-            async for out in self.engine.generate(prompt, params, request_id, arrival_time=arrival_time):
+            async for out in self.engine.generate(prompt, params, request_id, arrival_time=arrival_time,
+                                                  lora_request=self.models.lora_request(model)):
                 now = time.time()
                 for o in out.outputs:
                     seq = seqs.setdefault(o.index, _SeqProgress())

@@ -95,7 +95,10 @@ class FakeLLMEngine:
         return {}
 
     def add_request(self, request_id: str, prompt: Any, params: SamplingParams,
-                    arrival_time: float | None = None, *, internal_request_id: str | None = None) -> str:
+                    arrival_time: float | None = None, *, internal_request_id: str | None = None,
+                    lora_request: Any = None) -> str:
+        if lora_request is not None:
+            raise ValueError("the fake engine serves no LoRA adapters")
         self.input_processor.check_request_id(request_id)
         internal_id = internal_request_id or make_internal_request_id(request_id, next(self._serial))
         processed = self.input_processor.process_prompt(prompt)
