@@ -6,6 +6,9 @@ import dataclasses
 
 from jaxlm.config.utils import arg
 
+# max_loras x max_lora_rank: the width of each layer's stacked slots (e.g. 64 slots of rank 256).
+_MAX_SLOT_COLUMNS = 2**14
+
 
 @dataclasses.dataclass
 class LoRAConfig:
@@ -22,8 +25,9 @@ class LoRAConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        if self.max_lora_rank > 1024:
-            raise ValueError(f"max_lora_rank={self.max_lora_rank} is too large (at most 1024)")
+        if self.max_loras * self.max_lora_rank > _MAX_SLOT_COLUMNS:
+            raise ValueError(f"max_loras x max_lora_rank = {self.max_loras * self.max_lora_rank} is more than "
+                             f"{_MAX_SLOT_COLUMNS}: every adaptable layer holds that many columns of A and rows of B")
         if self.max_cpu_loras is None:
             self.max_cpu_loras = self.max_loras
         elif isinstance(self.max_cpu_loras, bool) or not isinstance(self.max_cpu_loras, int):

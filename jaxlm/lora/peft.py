@@ -64,12 +64,17 @@ def resolve_adapter_path(name: str, path: str) -> str:
     try:
         local = resolve_model_path(path)
     except NoWeightsError:
-        raise LoRAAdapterError(name, f"{path!r} is neither a local directory nor in the local Hugging Face cache "
+        raise LoRAAdapterError(name, f"{_short(path)} is neither a local directory nor in the local Hugging Face cache "
                                      f"({hf_hub_cache_dir()}; jaxlm never downloads)") from None
     if not os.path.isdir(local):
-        raise LoRAAdapterError(name, f"{path!r} is not a directory (a PEFT adapter is a directory holding "
+        raise LoRAAdapterError(name, f"{_short(path)} is not a directory (a PEFT adapter is a directory holding "
                                      f"{CONFIG_FILE} and {WEIGHTS_FILE})")
     return local
+
+
+def _short(path: str, limit: int = 200) -> str:
+    """A path for an error message (a hostile one may be megabytes long)."""
+    return repr(path) if len(path) <= limit else repr(path[:limit]) + f"... ({len(path)} characters)"
 
 
 def read_peft_config(name: str, path: str) -> dict[str, Any]:

@@ -19,8 +19,9 @@ class LoRARequest(msgspec.Struct, omit_defaults=True, array_like=True):
     base_model_name: str | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.lora_int_id, int) or isinstance(self.lora_int_id, bool) or self.lora_int_id < 1:
-            raise ValueError(f"lora_int_id must be an integer > 0, got {self.lora_int_id!r}")
+        if (not isinstance(self.lora_int_id, int) or isinstance(self.lora_int_id, bool)
+                or not 0 < self.lora_int_id < 2**63):
+            raise ValueError(f"lora_int_id must be an integer in [1, 2**63), got {self.lora_int_id!r}")
         if not isinstance(self.lora_name, str) or not self.lora_name:
             raise ValueError(f"lora_name must be a non-empty string, got {self.lora_name!r}")
         if not isinstance(self.lora_path, str):

@@ -61,6 +61,12 @@ class PeftReference:
             self._models[adapter] = (PeftModel.from_pretrained(m, adapter) if adapter else m).eval()
         return self._models[adapter]
 
+    def prompt_logprobs(self, adapter: str | None, prompt: list[int]) -> list[float]:
+        """The logprob of each prompt token after the first, given the ones before it."""
+        with torch.no_grad():
+            lp = torch.log_softmax(self.model(adapter)(torch.tensor([prompt])).logits[0].double(), -1)
+        return [float(lp[i - 1, t]) for i, t in enumerate(prompt) if i > 0]
+
     def greedy(self, adapter: str | None, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
         model, ids, tokens, logprobs = self.model(adapter), list(prompt), [], []
         with torch.no_grad():

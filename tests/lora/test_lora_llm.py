@@ -82,6 +82,19 @@ def test_same_prompt_two_adapters_no_prefix_cache_leak(setup):
     assert cached == {"a1": 0, "a2": 0, "a1_again": 32, "base": 0, "base_again": 32}
 
 
+def test_prompt_logprobs_with_adapters(setup):
+    # The prompt-logprobs program carries the token slots too: a chunked prompt under each adapter.
+    llm, loras, paths, ref, _ = setup
+    prompt = _prompt(7, 37)
+    params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+    outs = llm.generate([{"prompt_token_ids": prompt}] * 3, params, lora_request=[None, loras["a2"], loras["a3"]],
+                        use_tqdm=False)
+    for out, name in zip(outs, (None, "a2", "a3")):
+        got = [lp[t].logprob for lp, t in zip(out.prompt_logprobs[1:], prompt[1:])]
+        want = ref.prompt_logprobs(paths.get(name), prompt)
+        assert max(abs(a - b) for a, b in zip(got, want)) < TOL, name
+
+
 def test_chat_takes_lora_request(setup):
     llm, loras, _, _, _ = setup
     template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"

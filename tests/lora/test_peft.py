@@ -168,8 +168,10 @@ def test_lora_modules_errors(text, match):
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(lora_name="x", lora_int_id=0), "lora_int_id must be an integer > 0"),
-    (dict(lora_name="x", lora_int_id=True), "lora_int_id must be an integer > 0"),
+    (dict(lora_name="x", lora_int_id=0), "lora_int_id must be an integer in \\[1, 2\\*\\*63\\)"),
+    (dict(lora_name="x", lora_int_id=True), "lora_int_id must be an integer"),
+    (dict(lora_name="x", lora_int_id=2**64), "lora_int_id must be an integer"),
+    (dict(lora_name="x", lora_int_id=1.5), "lora_int_id must be an integer"),
     (dict(lora_name="", lora_int_id=1), "lora_name must be a non-empty string"),
     (dict(lora_name="x", lora_int_id=1, lora_path=3), "lora_path must be a string"),
 ])
@@ -181,7 +183,8 @@ def test_lora_request_fields(kwargs, match):
 def test_lora_config_limits():
     assert LoRAConfig(max_loras=3).max_cpu_loras == 3
     for kwargs, match in [(dict(max_loras=0), "max_loras must be an integer >= 1"),
-                          (dict(max_lora_rank=10**9), "too large"),
+                          (dict(max_lora_rank=10**9), "max_loras x max_lora_rank = 1000000000 is more than"),
+                          (dict(max_loras=-3), "max_loras must be an integer >= 1"),
                           (dict(max_loras=4, max_cpu_loras=2), "max_cpu_loras \\(2\\) must be >= max_loras \\(4\\)")]:
         with pytest.raises(ValueError, match=match):
             LoRAConfig(**kwargs)

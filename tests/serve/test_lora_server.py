@@ -133,13 +133,16 @@ def test_runtime_load_and_unload(server, adapters, reference):
     ("dora", "DoRA adapters"),
     ("no_config", "no adapter_config.json in"),
     ("missing", "is neither a local directory nor in the local Hugging Face cache"),
+    ("nul_path", "is not a directory"),
+    ("huge_path", "is not a directory"),
 ])
 def test_bad_adapters_are_400s_that_change_nothing(server, adapters, reference, name, match):
     before = _model_ids(server)
-    r = _post(server, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": adapters.get(name, "acme/missing")})
+    path = {"missing": "acme/missing", "nul_path": "/tmp/a\x00b", "huge_path": "/x" * 500_000}.get(name) or adapters[name]
+    r = _post(server, "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
     assert r.status_code == 400, r.text
     error = r.json()["error"]
-    assert error["param"] == "lora_path"
+    assert error["param"] == "lora_path" and len(error["message"]) < 2000
     assert re.search(match, error["message"]), error["message"]
     assert _model_ids(server) == before
     assert _tokens(_client(server), "sql") == reference.greedy(adapters["sql"], PROMPT, N)[0]
