@@ -96,6 +96,7 @@ def bench_lora(model: str | None, dtype: str, modules: list[tuple[str, str]], ra
         out["compiles_from_load"] = runner.num_compiles_after_warmup - compiles
     out["compiles_after_warmup"] = runner.num_compiles_after_warmup + base.llm_engine.get_model_runner().num_compiles_after_warmup
     out["programs"] = {"base": base.llm_engine.get_model_runner().num_programs, "lora": runner.num_programs}
+    out["warmup_s"] = {"base": base.llm_engine.get_model_runner().warmup_seconds, "lora": runner.warmup_seconds}
     print(f"batch-{batch} decode step, medians of {rounds} rounds x {steps} steps (ms): "
           + ", ".join(f"{k} {1e3 * out[k]:.1f}" for k in runs))
     print(f"  4 adapters / base: {out['lora_4_adapters'] / out['base']:.2f}x (target <= 1.3x); "
@@ -103,7 +104,8 @@ def bench_lora(model: str | None, dtype: str, modules: list[tuple[str, str]], ra
     if "load_ms" in out:
         print(f"  run-time adapter load into a slot: {out['load_ms']:.1f} ms, {out['compiles_from_load']} compiles")
     print(f"  programs: base {out['programs']['base']}, LoRA {out['programs']['lora']}; "
-          f"compiles after warm-up: {out['compiles_after_warmup']}")
+          f"compiles after warm-up: {out['compiles_after_warmup']}; warm-up s: base {out['warmup_s']['base']:.0f}, "
+          f"LoRA {out['warmup_s']['lora']:.0f} (the sampler programs come from the compile cache there)")
     return out
 
 

@@ -8,18 +8,17 @@ A step carries one slot index per token (-1: the base model); the layer computes
 
     y = x @ W + ((x @ A) * mask) @ B,    mask[t, c] = (slot[t] == c // R)
 
-two dense matmuls of rank S*R. Measured on this CPU (SmolLM2 shapes, 4 slots of rank 16, 6
-layers x 7 linears, ``scripts/bench_lora_delta.py``): this masked form against a per-token
-gather of A/B (8.9x the base linears at 64 tokens), ``jax.lax.ragged_dot`` over tokens sorted by
-slot (1.7-2.3x: the sort and unsort gathers cost more than the grouped matmul saves), and one
-matmul pair per slot (1.2-1.6x); the masked form was the cheapest or tied (1.2-1.4x), and it
-needs no per-step permutation. "Off" is a mask row of zeros: no stored zero slot to multiply.
+two dense matmuls of rank S*R. Chosen by measurement (``scripts/bench.py --lora-delta``; figures
+in docs/ARCHITECTURE.md) over a per-token gather of A and B (7-15x the base linears on CPU),
+``jax.lax.ragged_dot`` over tokens sorted by slot (2-4x: the sort and unsort gathers cost more
+than the grouped matmul saves) and one matmul pair per slot (close at 64 tokens, dearer at 512).
+"Off" is a mask row of zeros: no stored zero slot to multiply.
 
 A step with no adapter at all skips the delta (``lax.cond`` on one scalar), so LoRA enabled but
 unused costs nearly nothing. Tensor parallel: a column-parallel layer keeps A whole and splits B
 over its output features; a row-parallel layer splits A over its input features and keeps B
 whole, so (x_s @ A_s) is a partial sum like x_s @ W_s and XLA reduces both in the layer's one
-all-reduce (the compiled HLO holds one all-reduce per row-parallel layer either way).
+all-reduce (the compiled HLO holds one all-reduce per row-parallel layer in each branch).
 
 The per-token slots reach the layers through ``set_lora_step``, which the runner calls on the
 model it merges inside the traced step (a per-trace value, like attention metadata; the

@@ -79,17 +79,6 @@ class LoRASlotManager:
     def remove_request(self, req_id: str) -> None:
         self._req_lora.pop(req_id, None)
 
-    def remove_adapter(self, lora_int_id: int) -> bool:
-        """Forget an adapter (host copy and slot) unless a live request still uses it."""
-        if any(r.lora_int_id == lora_int_id for r in self._req_lora.values()):
-            return False
-        self._cpu.pop(lora_int_id, None)
-        slot = self._slot_of.pop(lora_int_id, None)
-        if slot is not None:
-            self._write_slot(slot, None)
-            self._free_slots.append(slot)
-        return True
-
     # ---- one step ---------------------------------------------------------------------
 
     def token_slots(self, req_ids: list[str], token_to_req: np.ndarray, num_tokens: int,
@@ -151,9 +140,8 @@ class LoRASlotManager:
             self._cpu.popitem(last=False)
         return weights
 
-    def _write_slot(self, slot: int, weights: AdapterWeights | None) -> None:
+    def _write_slot(self, slot: int, weights: AdapterWeights) -> None:
         """Slot ``slot`` of every layer := the adapter's matrices (zeros where it has none)."""
-        weights = weights or {}
         cols = slice(slot * self.rank, (slot + 1) * self.rank)
         for path, (lora, ia, ib) in self._layers.items():
             host_a, host_b = self._host[path]
