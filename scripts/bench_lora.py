@@ -49,8 +49,8 @@ def write_random_adapters(model: str | None, out_dir: str, num: int, rank: int, 
     return out
 
 
-def _decode_steps(llm, loras: list, batch: int, steps: int) -> list[float]:
-    """Seconds of each of ``steps`` decode-only steps of ``batch`` requests (adapters round robin)."""
+def _fill(llm, loras: list, batch: int, steps: int) -> None:
+    """``batch`` requests (adapters round robin), prefilled: the next ``steps`` steps are decode-only."""
     from jaxlm import SamplingParams
 
     engine = llm.llm_engine
@@ -60,52 +60,60 @@ def _decode_steps(llm, loras: list, batch: int, steps: int) -> list[float]:
                            lora_request=loras[i % len(loras)])
     while engine.scheduler.waiting or any(r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running):
         engine.step()
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        engine.step()
-        times.append(time.perf_counter() - t0)
-    while engine.has_unfinished_requests():
-        engine.step()
-    return times
+
+
+def _drain(llm) -> None:
+    while llm.llm_engine.has_unfinished_requests():
+        llm.llm_engine.step()
 
 
 def bench_lora(model: str | None, dtype: str, modules: list[tuple[str, str]], rank: int, rounds: int = 3,
                steps: int = 12, batch: int = 64, workdir: str = "/tmp/jaxlm_bench") -> dict:
+    """Three engines (base; LoRA with base-model requests; LoRA with 4 adapters), each holding
+    ``batch`` decoding requests; their steps alternate one by one, so drift hits all alike."""
     from jaxlm import LLM, LoRARequest
 
     if not modules:
         modules = write_random_adapters(model, os.path.join(workdir, "lora"), 5, rank)
     common = dict(model=model, dtype=dtype, max_num_seqs=batch, max_model_len=256, max_num_batched_tokens=512,
                   token_buckets=[batch, 512], seq_buckets=[batch], async_scheduling=False)
-    base = LLM(**common)
-    lora = LLM(**common, enable_lora=True, max_loras=4, max_lora_rank=rank)
+    with_lora = dict(common, enable_lora=True, max_loras=4, max_lora_rank=rank)
     requests = [LoRARequest(name, i + 1, path) for i, (name, path) in enumerate(modules)]
-    four = requests[:4]
-    runs = {"base": (base, [None]), "lora_enabled_no_adapter": (lora, [None]), "lora_4_adapters": (lora, four)}
-    medians: dict[str, list[float]] = {k: [] for k in runs}
+    runs = {"base": (LLM(**common), [None]), "lora_enabled_no_adapter": (LLM(**with_lora), [None]),
+            "lora_4_adapters": (LLM(**with_lora), requests[:4])}
+    times: dict[str, list[float]] = {k: [] for k in runs}
     for _ in range(rounds):
-        for name, (llm, loras) in runs.items():
-            medians[name].append(float(np.median(_decode_steps(llm, loras, batch, steps))))
+        for llm, loras in runs.values():
+            _fill(llm, loras, batch, steps)
+        for _ in range(steps):
+            for name, (llm, _) in runs.items():
+                t0 = time.perf_counter()
+                llm.llm_engine.step()
+                times[name].append(time.perf_counter() - t0)
+        for llm, _ in runs.values():
+            _drain(llm)
+    out = {k: float(np.median(v)) for k, v in times.items()}
+    lora = runs["lora_4_adapters"][0]
     runner = lora.llm_engine.get_model_runner()
-    out = {k: float(np.median(v)) for k, v in medians.items()}
     if len(requests) > 4:  # a fifth adapter evicts one: a run-time load
         compiles = runner.num_compiles_after_warmup
-        _decode_steps(lora, [requests[4]], 1, 1)
+        _fill(lora, [requests[4]], 1, 1)
+        _drain(lora)
         out["load_ms"] = 1e3 * runner.lora.last_load_seconds
         out["compiles_from_load"] = runner.num_compiles_after_warmup - compiles
-    out["compiles_after_warmup"] = runner.num_compiles_after_warmup + base.llm_engine.get_model_runner().num_compiles_after_warmup
-    out["programs"] = {"base": base.llm_engine.get_model_runner().num_programs, "lora": runner.num_programs}
-    out["warmup_s"] = {"base": base.llm_engine.get_model_runner().warmup_seconds, "lora": runner.warmup_seconds}
-    print(f"batch-{batch} decode step, medians of {rounds} rounds x {steps} steps (ms): "
+    runners = {k: llm.llm_engine.get_model_runner() for k, (llm, _) in runs.items()}
+    out["compiles_after_warmup"] = sum(r.num_compiles_after_warmup for r in runners.values())
+    out["programs"] = {k: r.num_programs for k, r in runners.items()}
+    out["warmup_s"] = {k: r.warmup_seconds for k, r in runners.items()}
+    print(f"batch-{batch} decode step, median of {rounds} x {steps} steps, engines alternating step by step (ms): "
           + ", ".join(f"{k} {1e3 * out[k]:.1f}" for k in runs))
     print(f"  4 adapters / base: {out['lora_4_adapters'] / out['base']:.2f}x (target <= 1.3x); "
           f"enabled, none in batch / base: {out['lora_enabled_no_adapter'] / out['base']:.2f}x (target <= 1.05x)")
     if "load_ms" in out:
         print(f"  run-time adapter load into a slot: {out['load_ms']:.1f} ms, {out['compiles_from_load']} compiles")
-    print(f"  programs: base {out['programs']['base']}, LoRA {out['programs']['lora']}; "
-          f"compiles after warm-up: {out['compiles_after_warmup']}; warm-up s: base {out['warmup_s']['base']:.0f}, "
-          f"LoRA {out['warmup_s']['lora']:.0f} (the sampler programs come from the compile cache there)")
+    print(f"  programs: {out['programs']}; compiles after warm-up: {out['compiles_after_warmup']}; "
+          f"warm-up s: {', '.join(f'{k} {v:.0f}' for k, v in out['warmup_s'].items())} "
+          "(programs an engine before it compiled come from the compile cache)")
     return out
 
 

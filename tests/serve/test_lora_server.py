@@ -167,3 +167,17 @@ def test_routes_need_the_runtime_switch(monkeypatch):
     assert "/v1/load_lora_adapter" not in build_app(args).openapi()["paths"]
     monkeypatch.setenv("JAXLM_ALLOW_RUNTIME_LORA_UPDATING", "1")
     assert {"/v1/load_lora_adapter", "/v1/unload_lora_adapter"} <= set(build_app(args).openapi()["paths"])
+
+
+def test_load_needs_enable_lora(fake_server_factory, monkeypatch):
+    monkeypatch.setenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "1")
+    server = fake_server_factory()
+    r = httpx.post(server.base + "/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": "/x"}, timeout=30)
+    assert r.status_code == 400 and "start the server with --enable-lora" in r.json()["error"]["message"]
+
+
+def test_lora_requests_info_labels():
+    from jaxlm.serve.metrics import _lora_info
+
+    sample = _lora_info({"max_lora": 4, "running": {"sql": 2, "chat": 1}, "waiting": {"late": 3}}).samples[0]
+    assert sample.labels == {"max_lora": "4", "running_lora_adapters": "chat,sql", "waiting_lora_adapters": "late"}
