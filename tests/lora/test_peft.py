@@ -19,7 +19,7 @@ from jaxlm.lora.module_path import LoRAModulePath, parse_lora_module
 from jaxlm.lora.peft import check_adapter, load_adapter
 from jaxlm.model_loader import resolve_model_config
 from tests.helpers.lora_adapters import edit_adapter_config, make_peft_adapter
-from tests.helpers.tiny_models import make_tiny_gpt2, make_tiny_llama
+from tests.helpers.tiny_models import make_tiny_llama, make_tiny_model
 
 MAX_RANK = 8
 
@@ -134,19 +134,30 @@ def test_checker_refuses_without_enable_lora(env):
         checker.check("good")
 
 
-def test_fused_module_is_split_over_its_parts(tmp_path):
-    # GPT-2's c_attn holds q, k and v: its adapter's B is split column-wise over our three linears.
-    base = make_tiny_gpt2(tmp_path / "gpt2")
-    path = make_peft_adapter(base, str(tmp_path / "gpt2_lora"), seed=4, r=4, target_modules=["c_attn", "c_fc"])
+@pytest.mark.parametrize("family,fused,parts", [
+    ("gpt2", "transformer.h.0.attn.c_attn", ("q_proj", "k_proj", "v_proj")),  # Conv1D, [in, out] already
+    ("phi3", "model.layers.1.self_attn.qkv_proj", ("q_proj", "k_proj", "v_proj")),
+    ("phi3", "model.layers.0.mlp.gate_up_proj", ("gate_proj", "up_proj")),
+])
+def test_fused_module_is_split_over_its_parts(tmp_path, family, fused, parts):
+    # A fused HF module holds several of our linears: its adapter's B is split over their outputs.
+    base = make_tiny_model(family, tmp_path / family)
+    name = fused.rsplit(".", 1)[1]
+    path = make_peft_adapter(base, str(tmp_path / "lora"), seed=4, r=4, target_modules=[name])
     checker = LoRAChecker(resolve_model_config(ModelConfig(model=base), LoadConfig()),
                           LoRAConfig(enable_lora=True, max_lora_rank=8))
-    spec = checker.check(LoRARequest("g", 1, path))
+    spec = checker.check(LoRARequest("f", 1, path))
     weights = load_adapter(spec, np.float32)
-    raw = load_file(os.path.join(path, "adapter_model.safetensors"))["base_model.model.transformer.h.0.attn.c_attn.lora_B.weight"]
-    for j, part in enumerate(("q_proj", "k_proj", "v_proj")):
-        a, b = weights[f"transformer.h.0.attn.{part}"]
-        np.testing.assert_allclose(b, raw.T[:, 64 * j:64 * (j + 1)] * spec.modules["transformer.h.0.attn.c_attn"].scale)
-    assert "transformer.h.1.mlp.c_fc" in weights
+    raw = load_file(os.path.join(path, "adapter_model.safetensors"))
+    a_raw, b_raw = (raw[f"base_model.model.{fused}.lora_{x}.weight"] for x in "AB")
+    start, parent = 0, fused.rsplit(".", 1)[0]
+    for part in parts:
+        a, b = weights[f"{parent}.{part}"]
+        np.testing.assert_array_equal(a, a_raw.T)
+        width = checker.targets.modules[f"{parent}.{part}"].out_features
+        np.testing.assert_allclose(b, b_raw.T[:, start:start + width] * spec.modules[fused].scale)
+        start += width
+    assert start == b_raw.shape[0]
 
 
 @pytest.mark.parametrize("text,expected", [
