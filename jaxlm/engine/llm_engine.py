@@ -11,6 +11,7 @@ from jaxlm.core.scheduler import Scheduler
 from jaxlm.core.stats import merge_scheduler_stats
 from jaxlm.engine.core import EngineCore
 from jaxlm.engine.core_client import EngineCoreClient, InprocClient, prepare_frontend_process
+from jaxlm.engine.engine_stats import FrontendStats
 from jaxlm.engine.messages import EngineCoreRejection, EngineCoreRequest
 from jaxlm.engine.arg_utils import EngineArgs
 from jaxlm.engine.exceptions import QueueFullError
@@ -19,6 +20,7 @@ from jaxlm.engine.generation_config import (
 from jaxlm.engine.input_processor import (
     InputProcessor, InvalidRequestError, PromptType, ProcessedPrompt, make_internal_request_id)
 from jaxlm.engine.output_processor import OutputProcessor, ParentRequest
+from jaxlm.engine.stat_logger import LoggingStatLogger
 from jaxlm.executor.abstract import Executor
 from jaxlm.executor.distributed import init_distributed
 from jaxlm.lora.checker import LoRAChecker
@@ -32,8 +34,6 @@ from jaxlm.worker.bucket_planner import resolve_auto_buckets
 from jaxlm.structured_output.manager import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
-
-_STATS_INTERVAL_S = 5.0
 
 
 class LLMEngine:
@@ -85,9 +85,10 @@ class LLMEngine:
         # Routing (internal) id -> why it failed: a message for requests finished with
         # FinishReason.ERROR, the exception for adds a core refused.
         self._request_errors: dict[str, str | Exception] = {}
-        self.generation_tokens_total = 0
-        self._last_log = time.monotonic()
-        self._last_log_tokens = (0, 0)
+        # Tokens per engine core (/metrics' `engine` label); the periodic stats line unless
+        # --disable-log-stats.
+        self.frontend_stats = FrontendStats(self.engine_core.num_engines)
+        self.stat_logger = None if config.observability_config.disable_log_stats else LoggingStatLogger()
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs, *, multiprocess: bool = False) -> "LLMEngine":
@@ -98,6 +99,12 @@ class LLMEngine:
             raise RuntimeError("the engine core runs in another process: its scheduler and runner "
                                "are not reachable from here")
         return self.engine_core.engine_core
+
+    @property
+    def has_core_process(self) -> bool:
+        """The engine core(s) run in processes of their own: their outputs, and an idle core's
+        heartbeat with its fresh stats, arrive through step_routed."""
+        return not isinstance(self.engine_core, InprocClient)
 
     @property
     def scheduler(self) -> Scheduler:
@@ -179,13 +186,15 @@ class LLMEngine:
         # In-process, a refusal (QueueFullError, ValueError) raises here; a core process refuses
         # later (step_routed reports it), so the request's state exists before it is sent.
         try:
-            self.engine_core.add_request([
+            engine_index = self.engine_core.add_request([
                 EngineCoreRequest(child_id, processed.prompt_token_ids, child_params, self.eos_token_id, arrival_time,
                                   lora_request)
                 for child_id, child_params, _, _ in children])
         except Exception:
             self.output_processor.abort_requests([internal_id])
             raise
+        for child_id, _, _, _ in children:  # the core serving it: /metrics' `engine` label
+            self.output_processor.request_states[child_id].metrics.engine_index = engine_index
         self._live_ids.add(internal_id)
         return internal_id
 
@@ -247,15 +256,24 @@ class LLMEngine:
                 self._note_error(core_id, why)
             for rejection in batch.rejected:
                 routed.extend(self._reject(rejection))
-            self.generation_tokens_total += sum(len(o.new_token_ids) for o in batch.outputs)
-            batch_routed, to_abort = self._process_outputs(batch.outputs)
-            if to_abort:  # stop strings end requests the core still thinks are running
-                self.engine_core.abort_requests(to_abort)
-            routed.extend(batch_routed)
+            prompt_tokens_done = self.output_processor.num_prompt_tokens_done
+            processed = self.output_processor.process_outputs(batch.outputs)
+            if len(batch.outputs):  # a step (not an idle core's heartbeat)
+                self.frontend_stats.record_step(
+                    batch.engine_index, self.output_processor.num_prompt_tokens_done - prompt_tokens_done,
+                    len(batch.outputs.new_token_ids))
+            if processed.to_abort:  # stop strings end requests the core still thinks are running
+                self.engine_core.abort_requests(processed.to_abort)
+            routed.extend(processed.routed)
+            # A failure in one request's detokenization, stop strings or logprobs fails that
+            # request alone (FinishReason.ERROR).
+            for core_id, why in processed.failed.items():
+                routed.extend(self._fail_request(core_id, why))
         for internal_id, out in routed:
             if out.finished:
                 self._live_ids.discard(internal_id)
-        self._maybe_log_stats()
+        if self.stat_logger is not None:
+            self.stat_logger.maybe_log(self.get_stats)
         return routed
 
     def _reject(self, rejection: EngineCoreRejection) -> list[tuple[str, RequestOutput]]:
@@ -270,23 +288,6 @@ class LLMEngine:
         """Why a request that finished with finish_reason "error" failed (once; None if it did
         not): a message, or the exception its caller gets (a core process refused the add)."""
         return self._request_errors.pop(internal_id, None)
-
-    def _process_outputs(self, core_outputs: list) -> tuple[list[tuple[str, RequestOutput]], list[str]]:
-        """The output processor one request at a time: a failure in one request's detokenization,
-        stop strings or logprobs fails that request alone (FinishReason.ERROR)."""
-        routed: list[tuple[str, RequestOutput]] = []
-        to_abort: list[str] = []
-        for out in core_outputs:
-            try:
-                one_routed, one_abort = self.output_processor.process_outputs([out])
-            except Exception as e:  # noqa: BLE001 - attributed to this request only
-                logger.exception("request %s: processing its output failed", out.req_id)
-                failed = self._fail_request(out.req_id, f"{type(e).__name__}: {e}")
-                routed.extend(failed)
-                continue
-            routed.extend(one_routed)
-            to_abort.extend(one_abort)
-        return routed, to_abort
 
     def _routing_id(self, core_id: str) -> str:
         state = self.output_processor.request_states.get(core_id)
@@ -314,40 +315,12 @@ class LLMEngine:
             prompt_logprobs=None, outputs=[failed], finished=True, metrics=state.metrics))]
 
     def get_stats(self) -> dict[str, Any]:
-        """The totals over the engine cores (vLLM's metric names as keys), and each core's
-        SchedulerStats under "engines" (the /metrics per-engine series)."""
-        engines = self.engine_core.get_scheduler_stats()
-        s = merge_scheduler_stats(engines)
-        return {
-            "num_requests_running": s.num_running_reqs,
-            "num_requests_waiting": s.num_waiting_reqs,
-            "kv_cache_usage_perc": s.kv_cache_usage,
-            "prefix_cache_queries": s.prefix_cache_queries,
-            "prefix_cache_hits": s.prefix_cache_hits,
-            "num_preemptions_total": s.num_preemptions,
-            "prompt_tokens_total": self.output_processor.num_prompt_tokens_done,
-            "generation_tokens_total": self.generation_tokens_total,
-            # A copy: the frontend reads it on another thread (vllm:iteration_tokens_total).
-            "iteration_tokens": self.output_processor.iteration_tokens.snapshot(),
-            "engines": list(engines),
-            # vllm:lora_requests_info: adapters of running / waiting requests and the slot count.
-            "lora": ({"max_lora": self.engine_config.lora_config.max_loras, "running": s.running_lora_adapters,
-                      "waiting": s.waiting_lora_adapters} if self.engine_config.lora_config.enable_lora else None),
-        }
-
-    def _maybe_log_stats(self) -> None:
-        now = time.monotonic()
-        if now - self._last_log < _STATS_INTERVAL_S:
-            return
-        elapsed = now - self._last_log
-        p0, g0 = self._last_log_tokens
-        s = self.get_stats()
-        prompt_total = s["prompt_tokens_total"]
-        hit_rate = s["prefix_cache_hits"] / s["prefix_cache_queries"] if s["prefix_cache_queries"] else 0.0
-        logger.info(
-            "Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, "
-            "Running: %d reqs, Waiting: %d reqs, KV cache usage: %.1f%%, Prefix cache hit rate: %.1f%%",
-            (prompt_total - p0) / elapsed, (self.generation_tokens_total - g0) / elapsed,
-            s["num_requests_running"], s["num_requests_waiting"], 100 * s["kv_cache_usage_perc"], 100 * hit_rate)
-        self._last_log = now
-        self._last_log_tokens = (prompt_total, self.generation_tokens_total)
+        """The totals over the engine cores (vLLM's metric names as keys), and per core its
+        SchedulerStats ("engines") and token counters ("engine_tokens"): /metrics' series."""
+        stats = self.frontend_stats.get_stats(self.engine_core.get_scheduler_stats())
+        lora = self.engine_config.lora_config
+        if lora.enable_lora:  # vllm:lora_requests_info: adapters of running / waiting requests
+            merged = merge_scheduler_stats(stats["engines"])
+            stats["lora"] = {"max_lora": lora.max_loras, "running": merged.running_lora_adapters,
+                             "waiting": merged.waiting_lora_adapters}
+        return stats

@@ -67,6 +67,14 @@ class GrammarRows:
         if rows:
             self.manager.fill_bitmask(host_fields["bitmask"], rows)
 
+    def advance_tokens(self, req_ids: Sequence[str], token_ids: np.ndarray) -> set[str]:
+        """Accept each constrained request's token (req_ids[i] sampled token_ids[i]); the ids
+        whose grammar is now terminated (complete, or errored by a token it rejected: the
+        request ends either way). No work for a step without constrained requests."""
+        if not self._grammars:
+            return set()
+        return self.advance(dict(zip(req_ids, token_ids.tolist())))
+
     def advance(self, sampled: dict[str, int]) -> set[str]:
         """Accept each constrained request's token; the ids whose grammar is now terminated
         (complete, or errored by a token it rejected: the request ends either way)."""

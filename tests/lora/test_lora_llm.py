@@ -59,12 +59,25 @@ def test_mixed_adapters_match_peft(setup):
     prompts = [_prompt(i, n) for i, n in enumerate((45, 9, 40, 13, 50, 21, 7, 33))]
     runner = llm.llm_engine.get_model_runner()
     preemptions = llm.llm_engine.scheduler.num_preemptions
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY,
-                        lora_request=[loras[n] if n else None for n in names], use_tqdm=False)
+    per_step, token_slots = [], runner.lora.token_slots
+
+    def counting(*args):  # distinct slots each step uses
+        slots, failed = token_slots(*args)
+        per_step.append(len(set(slots[slots >= 0].tolist())))
+        return slots, failed
+
+    runner.lora.token_slots = counting
+    try:
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY,
+                            lora_request=[loras[n] if n else None for n in names], use_tqdm=False)
+    finally:
+        del runner.lora.token_slots
     for out, name, prompt in zip(outs, names, prompts):
         _check(out, ref, paths.get(name), prompt)
     assert llm.llm_engine.scheduler.num_preemptions > preemptions  # the tiny cache preempted some
-    assert runner.lora.num_slot_loads >= 4  # 4 adapters through 2 slots
+    assert runner.lora.num_slot_loads >= 4  # 4 adapters through 2 slots (max_loras=2) ...
+    assert len(runner.lora._cpu) == 3  # ... and 3 kept in host memory (max_cpu_loras=3)
+    assert max(per_step) == 2  # never more adapters in one step than slots
     # Each adapter changes the output (otherwise the comparisons above would prove little).
     assert len({tuple(o.outputs[0].token_ids) for o in outs[:5]}) == 5
 
