@@ -9,6 +9,7 @@
     python scripts/bench.py --host-overhead                   # tiny model: ms per decode step at batch 1/8/64, by part
     python scripts/bench.py --lora-modules [NAME=PATH ...]    # batch-64 decode: base vs 4 adapters, adapter load time
     python scripts/bench.py --lora-delta                      # the LoRA delta's candidate forms at SmolLM2's shapes
+    python scripts/bench.py --moe --vs-hf                     # synthetic MoE: 64 vs 8 experts, EP=4 bytes, vs HF
 
 Bucket configs: pow2 (the engine default), pow4, linear:STEP, a comma list of token buckets,
 tokens=A;seqs=B (each any of those), auto (derived by simulating the scheduler on the workload
@@ -272,6 +273,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="LoRA figures with these adapters (none given: random ones of --lora-rank)")
     p.add_argument("--lora-rank", type=int, default=16, help="rank of the random adapters (and max_lora_rank)")
     p.add_argument("--lora-delta", action="store_true", help="time the LoRA delta's candidate forms")
+    p.add_argument("--moe", action="store_true",
+                   help="synthetic MoE (hidden 512, 4 layers, top-2): batch-64 decode step at 64 vs 8 experts, "
+                        "per-device bytes at EP=4; then the usual run (and --vs-hf) on the 64-expert model")
+    p.add_argument("--moe-expert-size", type=int, default=512, help="--moe: intermediate size of one expert")
+    p.add_argument("--moe-vocab", type=int, default=8192, help="--moe: vocabulary size")
     p.add_argument("--workdir", default="/tmp/jaxlm_bench", help="scratch space (compile caches, GGUF export)")
     return p.parse_args(argv)
 
@@ -301,6 +307,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.sampling:
         bench_engine.bench_sampling(args.model, args.dtype)
         return
+    if args.moe:
+        import bench_moe  # scripts/bench_moe.py
+
+        args.model = bench_moe.run(args)
     vocab, tok, mc = _model_info(args)
     try:
         wl = _workload(args, vocab, tok, mc.max_model_len)

@@ -240,8 +240,8 @@ class Scheduler:
 
     def _advance_computed_batch(self, requests: list[Request], num_scheduled: np.ndarray) -> None:
         """A step's tokens are computed (sync: counted when its output comes back)."""
-        computed = np.fromiter(map(_computed, requests), np.int64, len(requests)) + num_scheduled
-        step_update.set_all(requests, "num_computed_tokens", computed.tolist())
+        step_update.set_all(requests, "num_computed_tokens",
+                            list(map(operator.add, map(_computed, requests), num_scheduled.tolist())))
 
     def _takes_output_mask(self, statuses: np.ndarray) -> np.ndarray:
         """Whether a step's output still applies to each request (sync: running ones only)."""

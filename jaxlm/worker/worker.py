@@ -36,7 +36,8 @@ class Worker:
         backend = shard_attention_backend(get_attention_backend(self.config.attention_backend), head_mesh)
         self.dtype = get_jax_dtype(self.config.model_config)
         model = get_model(
-            self.config.model_config, self.config.load_config, attn_backend=backend, mesh=self.mesh
+            self.config.model_config, self.config.load_config, attn_backend=backend, mesh=self.mesh,
+            enable_expert_parallel=self.config.parallel_config.enable_expert_parallel,
         )
         runner_cls = PipelineModelRunner if pipeline else ModelRunner
         self.model_runner = runner_cls(self.config, model, self.mesh)

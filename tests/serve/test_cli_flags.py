@@ -78,6 +78,7 @@ FLAG_TESTS = {
     "--tensor-parallel-size": "tests/executor/test_mesh_executor.py::test_each_device_holds_only_its_shard",
     "--pipeline-parallel-size": "tests/executor/test_pipeline_parallel.py::test_each_stage_holds_only_its_layers",
     "--data-parallel-size": "tests/serve/test_engine_core_proc.py::test_dp2_engine_labels_idle_gauges_and_log_flags",
+    "--enable-expert-parallel": "tests/models/test_moe_parallel.py::test_each_device_holds_its_experts",
     "--nnodes": "tests/executor/test_multihost_executor.py::test_two_processes_give_the_tokens_of_one",
     "--node-rank": "tests/executor/test_multihost_executor.py::test_two_processes_give_the_tokens_of_one",
     "--master-addr": "tests/executor/test_executor.py::test_master_addr_and_port_are_the_coordinator",
