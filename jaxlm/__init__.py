@@ -3,6 +3,7 @@
 from importlib import metadata as _metadata
 
 from jaxlm.engine.arg_utils import EngineArgs  # light: the configs only
+from jaxlm.lora.request import LoRARequest
 from jaxlm.outputs import CompletionOutput, Logprob, RequestOutput
 from jaxlm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
@@ -12,7 +13,7 @@ except _metadata.PackageNotFoundError:  # a source tree that was never installed
     __version__ = "0+unknown"
 
 __all__ = ["LLM", "SamplingParams", "BeamSearchParams", "RequestOutput", "CompletionOutput", "Logprob",
-           "RequestOutputKind", "EngineArgs", "LLMEngine", "__version__"]
+           "RequestOutputKind", "EngineArgs", "LLMEngine", "LoRARequest", "__version__"]
 
 
 def __getattr__(name: str):

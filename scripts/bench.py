@@ -7,6 +7,8 @@
     python scripts/bench.py --sampling                        # decode with every sampling filter on vs greedy
     python scripts/bench.py --structured                      # decode under a JSON schema vs none, batch 1 and 16
     python scripts/bench.py --host-overhead                   # tiny model: ms per decode step at batch 1/8/64, by part
+    python scripts/bench.py --lora-modules [NAME=PATH ...]    # batch-64 decode: base vs 4 adapters, adapter load time
+    python scripts/bench.py --lora-delta                      # the LoRA delta's candidate forms at SmolLM2's shapes
     python scripts/bench.py --moe --vs-hf                     # synthetic MoE: 64 vs 8 experts, EP=4 bytes, vs HF
 
 Bucket configs: pow2 (the engine default), pow4, linear:STEP, a comma list of token buckets,
@@ -267,6 +269,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--structured", action="store_true", help="decode under a JSON schema vs none")
     p.add_argument("--host-overhead", action="store_true",
                    help="ms per decode step of a tiny model at batch 1/8/64, by part, sync and async scheduling")
+    p.add_argument("--lora-modules", nargs="*", default=None, metavar="NAME=PATH",
+                   help="LoRA figures with these adapters (none given: random ones of --lora-rank)")
+    p.add_argument("--lora-rank", type=int, default=16, help="rank of the random adapters (and max_lora_rank)")
+    p.add_argument("--lora-delta", action="store_true", help="time the LoRA delta's candidate forms")
     p.add_argument("--moe", action="store_true",
                    help="synthetic MoE (hidden 512, 4 layers, top-2): batch-64 decode step at 64 vs 8 experts, "
                         "per-device bytes at EP=4; then the usual run (and --vs-hf) on the 64-expert model")
@@ -286,6 +292,17 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.structured:
         bench_engine.bench_structured(args.model, args.dtype)
+        return
+    if args.lora_modules is not None or args.lora_delta:
+        import bench_lora  # scripts/bench_lora.py
+
+        from jaxlm.lora.module_path import parse_lora_module
+
+        if args.lora_delta:
+            bench_lora.bench_delta()
+        if args.lora_modules is not None:
+            modules = [(m.name, m.path) for m in map(parse_lora_module, args.lora_modules)]
+            bench_lora.bench_lora(args.model, args.dtype, modules, args.lora_rank, workdir=args.workdir)
         return
     if args.sampling:
         bench_engine.bench_sampling(args.model, args.dtype)

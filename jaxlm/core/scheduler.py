@@ -18,9 +18,10 @@ from typing import Iterable
 
 import numpy as np
 
-from jaxlm.config import CacheConfig, SchedulerConfig
+from jaxlm.config import CacheConfig, LoRAConfig, SchedulerConfig
 from jaxlm.core import step_update
 from jaxlm.core.kv_cache_manager import KVCacheManager
+from jaxlm.core.lora_admission import LoRAAdmission, lora_counts
 from jaxlm.core.outputs import EngineCoreOutput, EngineCoreOutputBatch, FinishReason, ModelRunnerOutput
 from jaxlm.core.request import Request, RequestStatus
 from jaxlm.core.request_queue import RequestQueue, create_request_queue
@@ -32,7 +33,8 @@ _computed = operator.attrgetter("num_computed_tokens")
 
 
 class Scheduler:
-    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig) -> None:
+    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
+                 lora_config: LoRAConfig | None = None) -> None:
         if cache_config.num_gpu_blocks is None:
             raise ValueError("cache_config.num_gpu_blocks must be set before building the Scheduler")
         self.scheduler_config = scheduler_config
@@ -54,6 +56,8 @@ class Scheduler:
         # Outputs produced outside update_from_output (a request dropped by schedule()).
         self._pending_outputs: list[EngineCoreOutput] = []
         self.num_preemptions = 0
+        # LoRA: at most max_loras distinct adapters running (jaxlm/core/lora_admission.py).
+        self.lora = LoRAAdmission(lora_config.max_loras) if lora_config and lora_config.enable_lora else None
 
     # -- admission -------------------------------------------------------------------------
 
@@ -165,10 +169,16 @@ class Scheduler:
                           new_reqs_data: list[NewRequestData]) -> int:
         """Waiting requests in the queue's order, while budget, max_num_seqs and blocks allow; returns the budget left."""
         kv = self.kv_cache_manager
+        held: list[Request] = []  # waiting for an adapter slot: they keep their place
+        if self.lora is not None:
+            self.lora.begin(self.running)
         while self.waiting and token_budget > 0:
             if len(self.running) >= self.max_num_seqs:
                 break
             request = self.waiting.peek_request()
+            if self.lora is not None and not self.lora.admits(request):
+                held.append(self.waiting.pop_request())
+                continue
             computed_blocks, num_computed = kv.get_computed_blocks(request)
             num_new_tokens = min(request.num_tokens - num_computed, token_budget)
             new_blocks = kv.allocate_slots(request, num_new_tokens, computed_blocks)
@@ -196,8 +206,11 @@ class Scheduler:
                     sampling_params=request.sampling_params,
                     block_ids=kv.get_block_ids(request.request_id),
                     num_computed_tokens=num_computed,
+                    lora_request=request.lora_request,
                 )
             )
+        for request in reversed(held):
+            self.waiting.prepend_request(request)
         return token_budget
 
     def _preempt(self, request: Request) -> None:
@@ -321,6 +334,8 @@ class Scheduler:
             prefix_cache_queries=pc.queries,
             prefix_cache_hits=pc.hits,
             num_preemptions=self.num_preemptions,
+            running_lora_adapters=lora_counts(self.running) if self.lora else {},
+            waiting_lora_adapters=lora_counts(self.waiting) if self.lora else {},
         )
 
 

@@ -135,7 +135,7 @@ class OpenAIServingChat(OpenAIServing):
         params = self.build_params(request.to_sampling_params, max_tokens, structured_outputs)
         request_id = f"chatcmpl-{request.request_id or random_uuid()}"
         gen = self.generate(ids, params, request_id, arrival_time, priority=request.priority,
-                            beam_search=self.beam_search_params(request, params))
+                            beam_search=self.beam_search_params(request, params), model=model)
         try:
             first = await anext(gen)  # errors before the first output keep their HTTP status
         except StopAsyncIteration:

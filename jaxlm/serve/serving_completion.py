@@ -77,7 +77,7 @@ class OpenAIServingCompletion(OpenAIServing):
             params = self.build_params(request.to_sampling_params, max_tokens, structured_outputs)
             generators.append(self.generate(ids, params, f"{request_id}-{i}", arrival_time, text,
                                             priority=request.priority,
-                                            beam_search=self.beam_search_params(request, params)))
+                                            beam_search=self.beam_search_params(request, params), model=model))
         merged = merge_async_iterators(*generators)
         try:
             first = await anext(merged)

@@ -18,6 +18,7 @@ from jaxlm.sampling_params import BeamSearchParams, SamplingParams
 from jaxlm.serve.errors import OpenAIError
 from jaxlm.serve.metrics import ServerMetrics
 from jaxlm.serve.protocol import SamplingRequest
+from jaxlm.serve.serving_models import ServingModels
 from jaxlm.serve.request_logger import RequestLogger
 from jaxlm.structured_output.params import StructuredOutputsParams
 
@@ -42,9 +43,12 @@ class OpenAIServing:
         metrics: ServerMetrics,
         chat_template: str | None = None,
         request_logger: RequestLogger | None = None,
+        models: ServingModels | None = None,
     ) -> None:
         self.engine = engine
         self.served_model_names = served_model_names
+        # The base model's names and the LoRA adapters (a request's model may name one).
+        self.models = models or ServingModels(engine, served_model_names, None, max_model_len)
         self.max_model_len = max_model_len
         self.metrics = metrics
         # The engine's --max-logprobs, checked before any per-logprob work (not a fixed cap here).
@@ -63,12 +67,8 @@ class OpenAIServing:
 
     # ------------------------------------------------------------ checks
     def check_model(self, model: str | None) -> str:
-        """The name to answer with; 404 for a model this server does not serve."""
-        if not model:
-            return self.served_model_names[0]
-        if model not in self.served_model_names:
-            raise OpenAIError(f"The model `{model}` does not exist.", 404, "model")
-        return model
+        """The name to answer with; 404 for a model or LoRA adapter this server does not serve."""
+        return self.models.check_model(model)
 
     def check_engine(self) -> None:
         if not self.engine.is_running:
@@ -169,6 +169,7 @@ class OpenAIServing:
     async def generate(
         self, prompt_ids: list[int], params: SamplingParams, request_id: str, arrival_time: float,
         prompt_text: str | None = None, priority: int = 0, beam_search: BeamSearchParams | None = None,
+        model: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """engine.generate plus the request-level metrics (and log lines, --enable-log-requests);
         arrival_time (time.time()) is when the server got the request, before tokenization: TTFT
@@ -176,16 +177,19 @@ class OpenAIServing:
         beam_search, one final output with a completion per beam (AsyncLLMEngine.beam_search).
 
         prompt_ids have passed check_token_ids and resolve_max_tokens (the InputProcessor's
-        prompt checks), so the engine takes them as a ProcessedPrompt without checking again."""
+        prompt checks), so the engine takes them as a ProcessedPrompt without checking again.
+        model: the checked model name; a LoRA adapter's name runs the request with it."""
         seqs: dict[int, _SeqProgress] = {}
         rejected = False
         prompt = ProcessedPrompt(None, list(prompt_ids))
         if self.request_logger is not None:
             self.request_logger.log_inputs(request_id, prompt_text, prompt.prompt_token_ids, params)
+        lora_request = self.models.lora_request(model)
         if beam_search is not None:
-            outputs = self._beam_search(prompt, request_id, beam_search, priority)
+            outputs = self._beam_search(prompt, request_id, beam_search, priority, lora_request)
         else:
-            outputs = self.engine.generate(prompt, params, request_id, arrival_time=arrival_time, priority=priority)
+            outputs = self.engine.generate(prompt, params, request_id, arrival_time=arrival_time, priority=priority,
+                                           lora_request=lora_request)
         try:
             async for out in outputs:
                 now = time.time()
@@ -207,10 +211,11 @@ class OpenAIServing:
                 self._observe_end(seqs, arrival_time, len(prompt_ids), params, request_id)
 
     async def _beam_search(self, prompt: ProcessedPrompt, request_id: str, params: BeamSearchParams,
-                           priority: int) -> AsyncIterator[RequestOutput]:
+                           priority: int, lora_request: Any = None) -> AsyncIterator[RequestOutput]:
         self.input_processor.check_priority(priority)  # the beams' requests would each refuse it
         try:
-            yield await self.engine.beam_search(prompt, request_id, params, priority=priority)
+            yield await self.engine.beam_search(prompt, request_id, params, priority=priority,
+                                                lora_request=lora_request)
         except ValueError as e:
             if isinstance(e, InvalidRequestError) or "beam_width" not in str(e):
                 raise

@@ -203,3 +203,11 @@ def test_priority_needs_the_priority_policy(llm):
     assert not llm.llm_engine.has_unfinished_requests()
     [out] = llm.generate(["a"], SamplingParams(max_tokens=2, ignore_eos=True), priority=[0], use_tqdm=False)
     assert len(out.outputs[0].token_ids) == 2
+
+
+def test_lora_request_needs_enable_lora(llm):
+    from jaxlm import LoRARequest
+
+    with pytest.raises(ValueError, match="LoRA adapters are not enabled: start the engine with enable_lora=True"):
+        llm.generate("a", SamplingParams(max_tokens=2), lora_request=LoRARequest("x", 1, "/nowhere"))
+    assert not llm.llm_engine.has_unfinished_requests()

@@ -97,7 +97,9 @@ class FakeLLMEngine:
 
     def add_request(self, request_id: str, prompt: Any, params: SamplingParams,
                     arrival_time: float | None = None, *, internal_request_id: str | None = None,
-                    priority: int = 0) -> str:
+                    priority: int = 0, lora_request: Any = None) -> str:
+        if lora_request is not None:
+            raise ValueError("the fake engine serves no LoRA adapters")
         self.input_processor.check_request_id(request_id)
         self.input_processor.check_priority(priority)  # fcfs: only 0 passes
         internal_id = internal_request_id or make_internal_request_id(request_id, next(self._serial))

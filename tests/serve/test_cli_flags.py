@@ -97,6 +97,12 @@ FLAG_TESTS = {
     "--disable-log-stats": "tests/serve/test_engine_core_proc.py::test_dp2_engine_labels_idle_gauges_and_log_flags",
     "--enable-log-requests": "tests/serve/test_inproc_server.py::test_enable_log_requests_logs_arrivals_cut_to_max_log_len_and_aborts",
     "--max-log-len": "tests/serve/test_inproc_server.py::test_enable_log_requests_logs_arrivals_cut_to_max_log_len_and_aborts",
+    # LoRAConfig and the server's adapters
+    "--enable-lora": "tests/serve/test_lora_server.py::test_load_needs_enable_lora",
+    "--max-loras": "tests/lora/test_lora_llm.py::test_mixed_adapters_match_peft",
+    "--max-lora-rank": "tests/serve/test_lora_server.py::test_bad_adapters_are_400s_that_change_nothing",
+    "--max-cpu-loras": "tests/lora/test_lora_llm.py::test_mixed_adapters_match_peft",
+    "--lora-modules": "tests/serve/test_lora_server.py::test_models_list_adapters_with_parent",
     # EngineConfig
     "--attention-backend": "tests/attention/test_backend_e2e.py::test_pallas_equals_xla_and_decode_steps_run_the_decode_kernel",
 }
