@@ -160,10 +160,11 @@ class InputBatch:
         req_ids = list(so.num_scheduled_tokens)
         rows = np.array([self.req_id_to_row[r] for r in req_ids], np.int64)
         start = self.num_computed_tokens[rows]
-        # Rows with cached context first: attention reads pages only for that leading prefix.
-        order = np.argsort(start == 0, kind="stable")
-        req_ids, rows, start = [req_ids[i] for i in order], rows[order], start[order]
-        n_sched = np.array([so.num_scheduled_tokens[r] for r in req_ids], np.int32)
+        n_sched = np.fromiter(so.num_scheduled_tokens.values(), np.int32, len(req_ids))
+        # One-token (decode) rows first: attention runs those leading rows as mat-vecs and
+        # tiles the rest (jaxlm/attention/xla_backend.py).
+        order = np.argsort(n_sched != 1, kind="stable")
+        req_ids, rows, start, n_sched = [req_ids[i] for i in order], rows[order], start[order], n_sched[order]
         R, T, bs = len(req_ids), int(n_sched.sum()), self.block_size
         size, layout = self._layout(num_tokens_padded, num_rows_padded, sample_capacity)
         packed = np.zeros(size, np.int32)
