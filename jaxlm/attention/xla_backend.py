@@ -75,10 +75,9 @@ def _attend_decode(qf, kv_cache, md: AttentionMetadata, num_decode, out, *, scal
     bs = kv_cache.shape[2]
     Bt = min(_DECODE_BLOCK, T)
     pad = (-T) % Bt
-    pos = jnp.pad(md.positions, (0, pad))
-    bt = md.block_tables[jnp.pad(md.token_to_req, (0, pad))]  # [T + pad, P]
-    ppc = max(1, min(bt.shape[1], _DECODE_CHUNK_TOKENS // bs))
-    bt = jnp.pad(bt, ((0, 0), (0, (-bt.shape[1]) % ppc)))
+    pos, rows = jnp.pad(md.positions, (0, pad)), jnp.pad(md.token_to_req, (0, pad))
+    ppc = max(1, min(md.block_tables.shape[1], _DECODE_CHUNK_TOKENS // bs))
+    tables = jnp.pad(md.block_tables, ((0, 0), (0, (-md.block_tables.shape[1]) % ppc)))
     chunk = ppc * bs
     qp = jnp.pad(qf, ((0, pad), (0, 0), (0, 0), (0, 0)))
     outp = jnp.pad(out, ((0, pad), (0, 0), (0, 0), (0, 0)))
@@ -86,7 +85,8 @@ def _attend_decode(qf, kv_cache, md: AttentionMetadata, num_decode, out, *, scal
     def token_block(b, outp):
         start = b * Bt
         take = lambda x: lax.dynamic_slice_in_dim(x, start, Bt, axis=0)  # noqa: E731
-        q_b, bt_b, pos_b = take(qp), take(bt), take(pos)
+        q_b, pos_b = take(qp), take(pos)
+        bt_b = tables[take(rows)]  # [Bt, P]: each token's own row of the block table
         mine = start + jnp.arange(Bt) < num_decode
         hi = jnp.where(mine, pos_b + 1, 0)  # keys [lo, hi) of each token
         lo = jnp.zeros_like(hi) if window is None else jnp.maximum(hi - window, 0)

@@ -17,6 +17,7 @@ so a tile is one contiguous slice and no transpose runs inside the loops.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -90,29 +91,39 @@ def attend_tiles(qf: jax.Array, kv_cache: jax.Array, md: AttentionMetadata, rows
         lo = 0 if window is None else jnp.maximum(first - window + 1, 0)
         q_t = lax.dynamic_slice_in_dim(qh, q0 * G, M, axis=1)  # [Hkv, M, D]
 
-        def key_chunk(c, carry):
+        def key_chunk(c, carry, masked: bool):
             m, l, acc = carry
             pages = lax.dynamic_slice_in_dim(bt[row], c * ppc, ppc)
             kc = kv_cache[0, pages].reshape(chunk, Hkv, D).astype(jnp.float32)
             vc = kv_cache[1, pages].reshape(chunk, Hkv, D).astype(jnp.float32)
-            j = c * chunk + jnp.arange(chunk)
-            key_ok = (j < hi) & (j >= lo)
-            mask = mine[:, None] & (j[None, :] <= qpos[:, None])  # [M, chunk]
-            if window is not None:
-                mask &= j[None, :] > qpos[:, None] - window
             s = scores(jnp.einsum("hmd,jhd->hmj", q_t, kc), scale, cap)
-            s = jnp.where(mask[None], s, NEG_INF)
+            if masked:
+                j = c * chunk + jnp.arange(chunk)
+                mask = mine[:, None] & (j[None, :] <= qpos[:, None])  # [M, chunk]
+                if window is not None:
+                    mask &= j[None, :] > qpos[:, None] - window
+                s = jnp.where(mask[None], s, NEG_INF)
+                # Zero V outside the row's keys: p = 0 times garbage (NaN in an unused page) is NaN.
+                vc = jnp.where(((j < hi) & (j >= lo))[:, None, None], vc, 0.0)
             m_new = jnp.maximum(m, s.max(axis=-1))
-            p = jnp.where(mask[None], jnp.exp(s - m_new[..., None]), 0.0)
+            p = jnp.exp(s - m_new[..., None])
+            if masked:
+                p = jnp.where(mask[None], p, 0.0)
             alpha = jnp.exp(m - m_new)
-            # Zero V outside the row's keys: p = 0 times garbage (NaN in an unused page) is NaN.
-            vc = jnp.where(key_ok[:, None, None], vc, 0.0)
             acc = alpha[..., None] * acc + jnp.einsum("hmj,jhd->hmd", p, vc)
             return m_new, alpha * l + p.sum(axis=-1), acc
 
-        init = (jnp.full((Hkv, M), NEG_INF, jnp.float32), jnp.zeros((Hkv, M), jnp.float32),
-                jnp.zeros((Hkv, M, D), jnp.float32))
-        _, l, acc = lax.fori_loop(lo // chunk, (hi + chunk - 1) // chunk, key_chunk, init)
+        # Chunks every token of the tile sees whole (before its first token, inside the window
+        # of its last) need no mask: on a long context that is all but one or two of them.
+        # (Rows past qlen may then hold garbage; they are dropped below.)
+        c_lo, c_hi = lo // chunk, (hi + chunk - 1) // chunk
+        c_in0 = c_lo if window is None else jnp.clip((hi - 1 - window) // chunk + 1, c_lo, c_hi)
+        c_in1 = jnp.clip((first + 1) // chunk, c_in0, c_hi)
+        carry = (jnp.full((Hkv, M), NEG_INF, jnp.float32), jnp.zeros((Hkv, M), jnp.float32),
+                 jnp.zeros((Hkv, M, D), jnp.float32))
+        for a, b, masked in ((c_in0, c_in1, False), (c_lo, c_in0, True), (c_in1, c_hi, True)):
+            carry = lax.fori_loop(a, b, functools.partial(key_chunk, masked=masked), carry)
+        _, l, acc = carry
         o = acc / jnp.where(l > 0, l, 1.0)[..., None]
         # Rows past qlen belong to the next row's tiles (or padding): keep what is there.
         o = jnp.where(mine[None, :, None], o, lax.dynamic_slice_in_dim(out, q0 * G, M, axis=1))
