@@ -7,7 +7,7 @@
     python scripts/bench.py --sampling                        # decode with every sampling filter on vs greedy
     python scripts/bench.py --structured                      # decode under a JSON schema vs none, batch 1 and 16
     python scripts/bench.py --host-overhead                   # tiny model: ms per decode step at batch 1/8/64, by part
-    python scripts/bench.py --prefill --prefill-profile 500   # prefill tok/s vs transformers, cached suffix, profile
+    python scripts/bench.py --prefill --prefill-profile 500  # prefill tok/s vs transformers, cached suffix, profile
 
 Bucket configs: pow2 (the engine default), pow4, linear:STEP, a comma list of token buckets,
 tokens=A;seqs=B (each any of those), auto (derived by simulating the scheduler on the workload
@@ -255,8 +255,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="prefill tok/s by prompt length beside transformers, a cached-prefix suffix beside fresh")
     p.add_argument("--prefill-lens", default="128,256,500,1500", help="--prefill: prompt lengths")
     p.add_argument("--prefill-reps", type=int, default=5, help="--prefill: runs per length (median)")
-    p.add_argument("--prefill-profile", type=int, default=None, metavar="N",
-                   help="--prefill: also profile the prefill program of an N-token prompt op by op")
+    p.add_argument("--prefill-profile", default="", metavar="N,...",
+                   help="--prefill: also profile the steps of an N-token prompt op by op")
     p.add_argument("--prefix-len", type=int, default=1400, help="--prefill: the cached prefix")
     p.add_argument("--suffix-len", type=int, default=100, help="--prefill: the suffix after it")
     p.add_argument("--workdir", default="/tmp/jaxlm_bench", help="scratch space (compile caches, GGUF export)")
@@ -277,8 +277,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.prefill:
         import bench_prefill  # scripts/bench_prefill.py
 
-        bench_prefill.bench_prefill(args.model, [int(n) for n in args.prefill_lens.split(",")], args.prefill_reps,
-                                    args.prefill_profile, args.prefix_len, args.suffix_len, args.workdir, args.json)
+        ints = lambda s: [int(n) for n in s.split(",") if n]  # noqa: E731
+        bench_prefill.bench_prefill(args.model, ints(args.prefill_lens), args.prefill_reps, ints(args.prefill_profile),
+                                    args.prefix_len, args.suffix_len, args.workdir, args.json)
         return
     if args.sampling:
         bench_engine.bench_sampling(args.model, args.dtype)

@@ -161,19 +161,23 @@ def _hlo_index(text: str) -> tuple[str, dict[str, str]]:
 
 
 def profile_prefill(llm, n: int, rng: np.random.Generator) -> list[tuple[str, float, float]]:
-    """The body program of an ``n``-token prompt, op by op (XLA:CPU thunk events from the JAX
-    profiler), summed per category: [(category, ms, share)]."""
+    """An ``n``-token prompt's steps op by op (XLA:CPU thunk events from the JAX profiler),
+    summed per category: [(category, ms, share)]. Every chunk must land in one token bucket
+    (the body programs of all buckets share a module name)."""
     import jax
 
     from jaxlm import SamplingParams
     from jaxlm.worker.buckets import pick_bucket
 
     runner = llm.llm_engine.get_model_runner()
-    T = pick_bucket(n, runner.token_buckets)
+    budget = runner.config.scheduler_config.max_num_batched_tokens
+    chunks = [budget] * (n // budget) + ([n % budget] if n % budget else [])
+    buckets = {pick_bucket(c, runner.token_buckets) for c in chunks}
+    if len(buckets) != 1:
+        raise ValueError(f"--prefill-profile {n}: its chunks {chunks} fall in several token buckets {buckets}")
+    T = buckets.pop()
     module, ops = _hlo_index(runner._body[(T, "mixed")].as_text())
     sp = SamplingParams(temperature=0, max_tokens=1)
-    ids = _prompt(rng, n)
-    llm.generate([{"prompt_token_ids": ids}], sp, use_tqdm=False)  # nothing left to warm
     with tempfile.TemporaryDirectory() as d:
         with jax.profiler.trace(d, create_perfetto_trace=True):
             llm.generate([{"prompt_token_ids": _prompt(rng, n)}], sp, use_tqdm=False)
@@ -184,20 +188,23 @@ def profile_prefill(llm, n: int, rng: np.random.Generator) -> list[tuple[str, fl
     totals: dict[str, float] = {}
     for e in events:
         args = e.get("args") or {}
-        if e.get("ph") != "X" or args.get("hlo_module") != module:
+        if e.get("ph") != "X" or "hlo_op" not in args:
             continue
-        cat = ops.get(args.get("hlo_op", ""), "other (residual adds, copies, input unpacking)")
+        if args.get("hlo_module") == module:
+            cat = ops.get(args["hlo_op"], "other (residual adds, copies, input unpacking)")
+        else:
+            cat = "logits + sampler (the sample program)"
         if cat is not None:
             totals[cat] = totals.get(cat, 0.0) + e["dur"] / 1e3
     whole = sum(totals.values()) or 1.0
     rows = sorted(((c, ms, ms / whole) for c, ms in totals.items()), key=lambda r: -r[1])
-    print(f"prefill program, {n} tokens (bucket {T}), op by op (thunk ms summed over threads):")
+    print(f"prefill of {n} tokens ({len(chunks)} step(s) of bucket {T}), op by op (thunk ms, all threads):")
     for c, ms, share in rows:
         print(f"  {c:<48} {ms:>9.1f} ms {100 * share:>6.1f}%")
     return rows
 
 
-def bench_prefill(model: str | None, lens: list[int], reps: int, profile: int | None,
+def bench_prefill(model: str | None, lens: list[int], reps: int, profile: list[int],
                   prefix: int, suffix: int, workdir: str, json_path: str | None = None) -> dict:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
@@ -224,8 +231,8 @@ def bench_prefill(model: str | None, lens: list[int], reps: int, profile: int | 
           f"{'jaxlm cpu s':>10} {'cpu ratio':>9}", flush=True)
     res = {"prefill": prefill_vs_hf(llm, hf, lens, reps, rng),
            "suffix": suffix_vs_fresh(llm, prefix, suffix, reps, rng)}
-    if profile:
-        res["profile"] = profile_prefill(llm, profile, rng)
+    for n in profile:
+        res[f"profile_{n}"] = profile_prefill(llm, n, rng)
     res["load_average"] = os.getloadavg()
     res["compiles_after_warmup"] = runner.num_compiles_after_warmup
     print(f"load average {res['load_average'][0]:.1f}; compiles after warm-up {res['compiles_after_warmup']}")
