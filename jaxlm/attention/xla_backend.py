@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxlm.attention.metadata import AttentionMetadata
-from jaxlm.attention.xla_tiles import NEG_INF, attend_tiles, scores, tile_rows
+from jaxlm.attention.xla_tiles import NEG_INF, attend_tiles, softcap, tile_rows
 
 # Keys read per decode-loop iteration (rounded to whole pages).
 _DECODE_CHUNK_TOKENS = 128
@@ -56,9 +56,10 @@ def paged_attention_xla(
     T, Hq, D = q.shape
     Hkv = kv_cache.shape[3]
     kv_cache = write_kv(kv_cache, k, v, md.slot_mapping)
-    qf = q.astype(jnp.float32).reshape(T, Hkv, Hq // Hkv, D)
+    # The softmax scale goes on the queries once, not on every score.
+    qf = q.astype(jnp.float32).reshape(T, Hkv, Hq // Hkv, D) * scale
     rows = tile_rows(md)
-    kw = dict(scale=scale, window=sliding_window, cap=logits_soft_cap)
+    kw = dict(window=sliding_window, cap=logits_soft_cap)
     if md.max_query_len == 1:  # decode-only step (static): every row is a decode row
         out = jnp.zeros_like(qf)
     else:
@@ -67,7 +68,7 @@ def paged_attention_xla(
     return out.reshape(T, Hq, D).astype(q.dtype), kv_cache
 
 
-def _attend_decode(qf, kv_cache, md: AttentionMetadata, num_decode, out, *, scale, window, cap):
+def _attend_decode(qf, kv_cache, md: AttentionMetadata, num_decode, out, *, window, cap):
     """The first ``num_decode`` tokens (one per decode row) attend to keys [0, position] of their
     row, read chunk by chunk through the block table: a mat-vec per token, which is what one
     query token is. Writes their rows of ``out`` [T, Hkv, G, D]."""
@@ -98,7 +99,7 @@ def _attend_decode(qf, kv_cache, md: AttentionMetadata, num_decode, out, *, scal
             vc = kv_cache[1, pages].reshape(Bt, chunk, Hkv, D).astype(jnp.float32)
             j = i * chunk + jnp.arange(chunk)
             mask = (j[None, :] < hi[:, None]) & (j[None, :] >= lo[:, None])  # [Bt, chunk]
-            s = scores(jnp.einsum("thgd,tjhd->thgj", q_b, kc), scale, cap)
+            s = softcap(jnp.einsum("thgd,tjhd->thgj", q_b, kc), cap)
             s = jnp.where(mask[:, None, None, :], s, NEG_INF)
             m_new = jnp.maximum(m, s.max(axis=-1))
             p = jnp.where(mask[:, None, None, :], jnp.exp(s - m_new[..., None]), 0.0)

@@ -31,6 +31,8 @@ NEG_INF = -1e30
 # Query tokens per tile (smaller buckets use their own size) and keys per inner step.
 BLOCK_Q = 128
 CHUNK_TOKENS = 128
+# Keys per step over the chunks a tile sees whole (long cached contexts).
+LONG_CHUNK_TOKENS = 512
 
 
 class TileRows(NamedTuple):
@@ -47,11 +49,9 @@ def tile_rows(md: AttentionMetadata) -> TileRows:
     return TileRows(q_lens, num_decode)
 
 
-def scores(s: jax.Array, scale: float, cap: float | None) -> jax.Array:
-    s = s * scale
-    if cap is not None:
-        s = cap * jnp.tanh(s / cap)
-    return s
+def softcap(s: jax.Array, cap: float | None) -> jax.Array:
+    """Scores of queries already multiplied by the softmax scale, soft-capped when asked."""
+    return s if cap is None else cap * jnp.tanh(s / cap)
 
 
 def block_q_for(num_tokens: int) -> int:
@@ -60,10 +60,10 @@ def block_q_for(num_tokens: int) -> int:
 
 
 def attend_tiles(qf: jax.Array, kv_cache: jax.Array, md: AttentionMetadata, rows: TileRows, *,
-                 scale: float, window: int | None, cap: float | None) -> jax.Array:
-    """qf [T, Hkv, G, D] (f32) -> out [T, Hkv, G, D]: every token of a non-decode row attends to
-    keys [lo, position] of its row (lo: its sliding window's first key, else 0), read from the
-    cache; other tokens (decode rows, padding) get zeros."""
+                 window: int | None, cap: float | None) -> jax.Array:
+    """qf [T, Hkv, G, D] (f32, times the softmax scale) -> out [T, Hkv, G, D]: every token of a
+    non-decode row attends to keys [lo, position] of its row (lo: its sliding window's first
+    key, else 0), read from the cache; other tokens (decode rows, padding) get zeros."""
     T, Hkv, G, D = qf.shape
     bs = kv_cache.shape[2]
     Bq = block_q_for(T)
@@ -71,6 +71,7 @@ def attend_tiles(qf: jax.Array, kv_cache: jax.Array, md: AttentionMetadata, rows
     ppc = max(1, min(md.block_tables.shape[1], CHUNK_TOKENS // bs))
     chunk = ppc * bs
     bt = jnp.pad(md.block_tables, ((0, 0), (0, (-md.block_tables.shape[1]) % ppc)))
+    span = max(1, min(LONG_CHUNK_TOKENS // chunk, bt.shape[1] // ppc))  # chunks per long step
     qsl, ctx = md.query_start_loc, md.context_lens
     R = rows.q_lens.shape[0]
     tiles = jnp.where(jnp.arange(R) >= rows.num_decode, (rows.q_lens + Bq - 1) // Bq, 0)
@@ -91,15 +92,17 @@ def attend_tiles(qf: jax.Array, kv_cache: jax.Array, md: AttentionMetadata, rows
         lo = 0 if window is None else jnp.maximum(first - window + 1, 0)
         q_t = lax.dynamic_slice_in_dim(qh, q0 * G, M, axis=1)  # [Hkv, M, D]
 
-        def key_chunk(c, carry, masked: bool):
+        def key_chunk(c, carry, masked: bool, span: int = 1):
+            """Keys of chunks [c, c + span) into the online softmax (m, l, acc)."""
             m, l, acc = carry
-            pages = lax.dynamic_slice_in_dim(bt[row], c * ppc, ppc)
-            kc = kv_cache[0, pages].reshape(chunk, Hkv, D).astype(jnp.float32)
-            vc = kv_cache[1, pages].reshape(chunk, Hkv, D).astype(jnp.float32)
-            s = scores(jnp.einsum("hmd,jhd->hmj", q_t, kc), scale, cap)
+            pages = lax.dynamic_slice_in_dim(bt[row], c * ppc, span * ppc)
+            n = span * chunk
+            kc = kv_cache[0, pages].reshape(n, Hkv, D).astype(jnp.float32)
+            vc = kv_cache[1, pages].reshape(n, Hkv, D).astype(jnp.float32)
+            s = softcap(jnp.einsum("hmd,jhd->hmj", q_t, kc), cap)
             if masked:
-                j = c * chunk + jnp.arange(chunk)
-                mask = mine[:, None] & (j[None, :] <= qpos[:, None])  # [M, chunk]
+                j = c * chunk + jnp.arange(n)
+                mask = mine[:, None] & (j[None, :] <= qpos[:, None])  # [M, n]
                 if window is not None:
                     mask &= j[None, :] > qpos[:, None] - window
                 s = jnp.where(mask[None], s, NEG_INF)
@@ -114,14 +117,17 @@ def attend_tiles(qf: jax.Array, kv_cache: jax.Array, md: AttentionMetadata, rows
             return m_new, alpha * l + p.sum(axis=-1), acc
 
         # Chunks every token of the tile sees whole (before its first token, inside the window
-        # of its last) need no mask: on a long context that is all but one or two of them.
+        # of its last) need no mask: on a long context that is all but one or two of them, and
+        # they go LONG_CHUNK keys at a time (ops big enough for XLA:CPU to split over threads).
         # (Rows past qlen may then hold garbage; they are dropped below.)
         c_lo, c_hi = lo // chunk, (hi + chunk - 1) // chunk
         c_in0 = c_lo if window is None else jnp.clip((hi - 1 - window) // chunk + 1, c_lo, c_hi)
         c_in1 = jnp.clip((first + 1) // chunk, c_in0, c_hi)
         carry = (jnp.full((Hkv, M), NEG_INF, jnp.float32), jnp.zeros((Hkv, M), jnp.float32),
                  jnp.zeros((Hkv, M, D), jnp.float32))
-        for a, b, masked in ((c_in0, c_in1, False), (c_lo, c_in0, True), (c_in1, c_hi, True)):
+        n_long = (c_in1 - c_in0) // span
+        carry = lax.fori_loop(0, n_long, lambda i, cr: key_chunk(c_in0 + i * span, cr, False, span), carry)
+        for a, b, masked in ((c_in0 + n_long * span, c_in1, False), (c_lo, c_in0, True), (c_in1, c_hi, True)):
             carry = lax.fori_loop(a, b, functools.partial(key_chunk, masked=masked), carry)
         _, l, acc = carry
         o = acc / jnp.where(l > 0, l, 1.0)[..., None]

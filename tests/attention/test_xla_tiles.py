@@ -78,9 +78,11 @@ def _check(rows, bs, hq, hkv, d, window=None, cap=None, max_query_len=None, seed
 
 @pytest.fixture
 def small_tiles(monkeypatch):
-    """Tiles of 8 tokens and chunks of 16 keys, so short rows cross many tile/chunk edges."""
+    """Tiles of 8 tokens, chunks of 16 keys and long steps of 32, so short rows cross many
+    tile / chunk / long-step edges."""
     monkeypatch.setattr(xla_tiles, "BLOCK_Q", 8)
     monkeypatch.setattr(xla_tiles, "CHUNK_TOKENS", 16)
+    monkeypatch.setattr(xla_tiles, "LONG_CHUNK_TOKENS", 32)
 
 
 # Decode rows first (as the runner orders them), then: fresh prefill of 1 tile + 1 token, a
