@@ -52,11 +52,14 @@ def _checkpoint(model: str | None, workdir: str) -> str:
     return bench_engine.gguf_as_safetensors(path, workdir) if path.endswith(".gguf") else path
 
 
-def _prompt(rng: np.random.Generator, n: int) -> list[int]:
-    return rng.integers(100, 30000, n).tolist()
+def _prompts(seed: int, vocab: int) -> Callable[[int], list[int]]:
+    """n -> n random token ids (never seen before: no prefix-cache hits between them)."""
+    rng = np.random.default_rng(seed)
+    low = min(100, vocab // 4)
+    return lambda n: rng.integers(low, min(vocab, 30000), n).tolist()
 
 
-def prefill_vs_hf(llm, hf, lens: list[int], reps: int, rng: np.random.Generator) -> list[dict]:
+def prefill_vs_hf(llm, hf, lens: list[int], reps: int, draw: Callable[[int], list[int]]) -> list[dict]:
     import torch
 
     from jaxlm import SamplingParams
@@ -66,7 +69,7 @@ def prefill_vs_hf(llm, hf, lens: list[int], reps: int, rng: np.random.Generator)
     for n in lens:
         ours, theirs = [], []
         for _ in range(reps):
-            ids = _prompt(rng, n)
+            ids = draw(n)
             ours.append(_timed(lambda: llm.generate([{"prompt_token_ids": ids}], sp, use_tqdm=False)))
             with torch.no_grad():
                 theirs.append(_timed(lambda: hf(torch.tensor([ids]), logits_to_keep=1)))
@@ -79,7 +82,7 @@ def prefill_vs_hf(llm, hf, lens: list[int], reps: int, rng: np.random.Generator)
     return rows
 
 
-def suffix_vs_fresh(llm, prefix: int, suffix: int, reps: int, rng: np.random.Generator) -> dict:
+def suffix_vs_fresh(llm, prefix: int, suffix: int, reps: int, draw: Callable[[int], list[int]]) -> dict:
     """A ``suffix``-token prompt after a cached ``prefix`` (whole blocks hit) against the same
     number of new tokens as a fresh prompt, interleaved."""
     from jaxlm import SamplingParams
@@ -88,14 +91,14 @@ def suffix_vs_fresh(llm, prefix: int, suffix: int, reps: int, rng: np.random.Gen
     gen = lambda ids: llm.generate([{"prompt_token_ids": ids}], sp, use_tqdm=False)[0]  # noqa: E731
     hit, fresh, cached = [], [], []
     for _ in range(reps):
-        head = _prompt(rng, prefix)
+        head = draw(prefix)
         gen(head)  # fills the prefix cache
-        tail = _prompt(rng, suffix)
+        tail = draw(suffix)
         out = []
         hit.append(_timed(lambda: out.append(gen(head + tail))))
         cached.append(out[0].num_cached_tokens)
         new = prefix + suffix - cached[-1]  # what the hit run computed
-        fresh.append(_timed(lambda: gen(_prompt(rng, new))))
+        fresh.append(_timed(lambda: gen(draw(new))))
     (hw, hc), (fw, fc) = _median(hit), _median(fresh)
     res = dict(prefix=prefix, suffix=suffix, cached_tokens=statistics.median(cached),
                hit_s=hw, fresh_s=fw, ratio=hw / fw, hit_cpu_s=hc, fresh_cpu_s=fc)
@@ -105,16 +108,22 @@ def suffix_vs_fresh(llm, prefix: int, suffix: int, reps: int, rng: np.random.Gen
     return res
 
 
-# What an op of the prefill program is, by the innermost function of its stack that says.
+# What an op of the prefill program is: the first frame of its stack (innermost out) that one
+# of these (file part, function part) pairs matches.
 _CATEGORIES = [
-    ("KV writes", ("write_kv",)),
-    ("attention", ("attend_tiles", "_attend_decode", "paged_attention_xla", "tile_rows", "scores")),
-    ("rope", ("RotaryEmbedding", "_rotate")),
-    ("norms", ("RMSNorm", "LayerNorm")),
-    ("logits", ("compute_logits", "LMHead", "attend")),
-    ("matmuls", ("Linear",)),
-    ("embedding", ("Embedding",)),
+    ("KV writes", ("/attention/", "write_kv")),
+    ("attention", ("/attention/", "")),
+    ("attention", ("/kernels_pallas/", "")),
+    ("rope", ("/rotary.py", "")),
+    ("norms", ("", "RMSNorm.")),
+    ("norms", ("", "LayerNorm.")),
+    ("logits", ("", "compute_logits")),
+    ("logits", ("", "LMHead.")),
+    ("logits", ("", "Embedding.attend")),
+    ("matmuls", ("", "Linear.")),
+    ("embedding", ("", "Embedding.")),
 ]
+_OTHER = "other (residual adds, copies, input unpacking)"
 
 
 def _hlo_index(text: str) -> tuple[str, dict[str, str]]:
@@ -130,9 +139,12 @@ def _hlo_index(text: str) -> tuple[str, dict[str, str]]:
             current[int(key)] = rest
         elif not line.strip():
             current = None
+    files = {k: v.strip('"') for k, v in sections.get("FileNames", {}).items()}
     funcs = {k: v.strip('"') for k, v in sections.get("FunctionNames", {}).items()}
-    loc_func = {k: funcs.get(int(re.search(r"function_name_id=(\d+)", v).group(1)), "")
-                for k, v in sections.get("FileLocations", {}).items()}
+    locs = {}
+    for k, v in sections.get("FileLocations", {}).items():
+        f, fn = (int(re.search(rf"{key}=(\d+)", v).group(1)) for key in ("file_name_id", "function_name_id"))
+        locs[k] = (files.get(f, ""), funcs.get(fn, ""))
     frames = {}
     for k, v in sections.get("StackFrames", {}).items():
         loc, parent = (int(x) for x in re.findall(r"=(\d+)", v)[:2])
@@ -142,12 +154,12 @@ def _hlo_index(text: str) -> tuple[str, dict[str, str]]:
         seen = set()
         while frame in frames and frame not in seen:
             seen.add(frame)
-            name = loc_func.get(frames[frame][0], "")
-            for cat, keys in _CATEGORIES:
-                if any(k in name for k in keys):
+            file, func = locs.get(frames[frame][0], ("", ""))
+            for cat, (in_file, in_func) in _CATEGORIES:
+                if in_file in file and in_func in func:
                     return cat
             frame = frames[frame][1]
-        return "other (residual adds, copies, input unpacking)"
+        return _OTHER
 
     ops = {}
     for m in re.finditer(r"^\s*(?:ROOT )?%?([\w.\-]+) = (.*)$", text, re.M):
@@ -156,11 +168,11 @@ def _hlo_index(text: str) -> tuple[str, dict[str, str]]:
             ops[name] = None  # a container: its body's ops have their own events
             continue
         sf = re.search(r"stack_frame_id=(\d+)", rest)
-        ops[name] = category(int(sf.group(1))) if sf else "other (residual adds, copies, input unpacking)"
+        ops[name] = category(int(sf.group(1))) if sf else _OTHER
     return module, ops
 
 
-def profile_prefill(llm, n: int, rng: np.random.Generator) -> list[tuple[str, float, float]]:
+def profile_prefill(llm, n: int, draw: Callable[[int], list[int]]) -> list[tuple[str, float, float]]:
     """An ``n``-token prompt's steps op by op (XLA:CPU thunk events from the JAX profiler),
     summed per category: [(category, ms, share)]. Every chunk must land in one token bucket
     (the body programs of all buckets share a module name)."""
@@ -180,7 +192,7 @@ def profile_prefill(llm, n: int, rng: np.random.Generator) -> list[tuple[str, fl
     sp = SamplingParams(temperature=0, max_tokens=1)
     with tempfile.TemporaryDirectory() as d:
         with jax.profiler.trace(d, create_perfetto_trace=True):
-            llm.generate([{"prompt_token_ids": _prompt(rng, n)}], sp, use_tqdm=False)
+            llm.generate([{"prompt_token_ids": draw(n)}], sp, use_tqdm=False)
         path = glob.glob(os.path.join(d, "**", "*.json.gz"), recursive=True)[0]
         with gzip.open(path) as f:
             trace = json.load(f)
@@ -191,7 +203,7 @@ def profile_prefill(llm, n: int, rng: np.random.Generator) -> list[tuple[str, fl
         if e.get("ph") != "X" or "hlo_op" not in args:
             continue
         if args.get("hlo_module") == module:
-            cat = ops.get(args["hlo_op"], "other (residual adds, copies, input unpacking)")
+            cat = ops.get(args["hlo_op"], _OTHER)
         else:
             cat = "logits + sampler (the sample program)"
         if cat is not None:
@@ -205,7 +217,8 @@ def profile_prefill(llm, n: int, rng: np.random.Generator) -> list[tuple[str, fl
 
 
 def bench_prefill(model: str | None, lens: list[int], reps: int, profile: list[int],
-                  prefix: int, suffix: int, workdir: str, json_path: str | None = None) -> dict:
+                  prefix: int, suffix: int, workdir: str, json_path: str | None = None,
+                  max_num_seqs: int | None = None) -> dict:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
     import transformers
@@ -218,7 +231,7 @@ def bench_prefill(model: str | None, lens: list[int], reps: int, profile: list[i
     hf = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
     with torch.no_grad():
         hf(torch.tensor([list(range(100, 164))]), logits_to_keep=1)  # first-call set-up
-    llm = LLM(model=ckpt, enable_prefix_caching=True)
+    llm = LLM(model=ckpt, enable_prefix_caching=True, **({"max_num_seqs": max_num_seqs} if max_num_seqs else {}))
     runner = llm.llm_engine.get_model_runner()
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
                 if line.startswith("model name")), "?") if os.path.exists("/proc/cpuinfo") else "?"
@@ -226,13 +239,13 @@ def bench_prefill(model: str | None, lens: list[int], reps: int, profile: list[i
     print(f"checkpoint {ckpt}; {cpu}, {threads} threads; torch OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}; "
           f"jaxlm max_num_batched_tokens={sched.max_num_batched_tokens}, token buckets {runner.token_buckets}",
           flush=True)
-    rng = np.random.default_rng(0)
+    draw = _prompts(0, int(hf.config.vocab_size))
     print(f"{'tokens':>8} {'transformers t/s':>16} {'jaxlm t/s':>12} {'ratio':>11} {'hf cpu s':>10} "
           f"{'jaxlm cpu s':>10} {'cpu ratio':>9}", flush=True)
-    res = {"prefill": prefill_vs_hf(llm, hf, lens, reps, rng),
-           "suffix": suffix_vs_fresh(llm, prefix, suffix, reps, rng)}
+    res = {"prefill": prefill_vs_hf(llm, hf, lens, reps, draw),
+           "suffix": suffix_vs_fresh(llm, prefix, suffix, reps, draw)}
     for n in profile:
-        res[f"profile_{n}"] = profile_prefill(llm, n, rng)
+        res[f"profile_{n}"] = profile_prefill(llm, n, draw)
     res["load_average"] = os.getloadavg()
     res["compiles_after_warmup"] = runner.num_compiles_after_warmup
     print(f"load average {res['load_average'][0]:.1f}; compiles after warm-up {res['compiles_after_warmup']}")
