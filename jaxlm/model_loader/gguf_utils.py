@@ -10,7 +10,8 @@ from typing import Any
 
 import numpy as np
 
-from jaxlm.model_loader import gguf_moe
+from jaxlm.model_loader.gguf_moe import (
+    fix_shape, is_moe, is_stacked_experts, moe_config, moe_hf_name, split_experts)
 from jaxlm.model_loader.gguf_reader import GGUFFile, GGUFTensorInfo
 from jaxlm.model_loader.errors import (
     CorruptCheckpointError,
@@ -57,7 +58,7 @@ def gguf_hf_name(gguf_name: str, layer_names: dict[str, str] | None = None, arch
     """HF parameter name for a GGUF tensor name (``layer_names``: an architecture's per-layer
     stems where they differ from llama's; MoE tensors by ``arch``); None for tensors HF does not
     keep."""
-    moe = gguf_moe.moe_hf_name(arch, gguf_name)
+    moe = moe_hf_name(arch, gguf_name)
     if moe is not None:
         return moe
     if gguf_name in _GLOBAL_NAMES:
@@ -171,8 +172,8 @@ def gguf_config_dict(reader: GGUFFile, path: str) -> dict[str, Any]:
             cfg[hf_key] = int(v)
     if arch == "phi3":
         _phi3_config(reader, get, cfg, path)
-    if gguf_moe.is_moe(arch, get):
-        cfg.update(gguf_moe.moe_config(arch, get, tensor_names, cfg["num_hidden_layers"]))
+    if is_moe(arch, get):
+        cfg.update(moe_config(arch, get, tensor_names, cfg["num_hidden_layers"]))
     return cfg
 
 
@@ -259,16 +260,16 @@ def iterate_gguf_weights(reader: GGUFFile, path: str) -> Iterator[tuple[str, np.
     heads = int(_field(reader, f"{arch}.attention.head_count"))
     kv_heads = int(_field(reader, f"{arch}.attention.head_count_kv", heads))
     for t in reader.tensors:
-        if gguf_moe.is_stacked_experts(t.name):
+        if is_stacked_experts(t.name):
             # One stacked tensor on the host at a time, handed on expert by expert.
-            yield from gguf_moe.split_experts(arch, t.name, _tensor_array(reader, t))
+            yield from split_experts(arch, t.name, _tensor_array(reader, t))
             continue
         hf_name = gguf_hf_name(t.name, spec.layer_names, arch)
         if hf_name is None:
             continue
         if hf_name == "":
             raise UnexpectedWeightError(path, t.name)
-        arr = gguf_moe.fix_shape(hf_name, _tensor_array(reader, t))
+        arr = fix_shape(hf_name, _tensor_array(reader, t))
         if spec.permuted_qk and hf_name.endswith(("q_proj.weight", "q_proj.bias")):
             arr = unpermute_qk(arr, heads)
         elif spec.permuted_qk and hf_name.endswith(("k_proj.weight", "k_proj.bias")):

@@ -178,10 +178,11 @@ class InputBatch:
                 self, req_ids, rows, start, num_tokens_padded, num_rows_padded, sample_capacity)
             return StepInputs(req_ids=req_ids, num_tokens=n, sample_req_ids=sample_req_ids, packed=packed, **x)
         n_sched = np.fromiter(so.num_scheduled_tokens.values(), np.int32, n)
-        # Rows with cached context first: attention reads pages only for that leading prefix.
-        fresh = start == 0
-        if fresh.any() and not fresh.all():
-            order = np.argsort(fresh, kind="stable")
+        # One-token (decode) rows first: attention runs those leading rows as mat-vecs and
+        # tiles the rest (jaxlm/attention/xla_backend.py). No sort when already in that order.
+        multi = n_sched != 1
+        if multi.any() and not multi[int(multi.argmax()):].all():
+            order = np.argsort(multi, kind="stable")
             req_ids = list(map(req_ids.__getitem__, order.tolist()))
             rows, start, n_sched = rows[order], start[order], n_sched[order]
         R, T, bs = len(req_ids), int(n_sched.sum()), self.block_size
