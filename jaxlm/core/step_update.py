@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from jaxlm.core import decode_update
-from jaxlm.core.outputs import EngineCoreOutputBatch, FinishReason, LogprobsLists, ModelRunnerOutput
+from jaxlm.core.outputs import EngineCoreOutputBatch, LogprobsLists, ModelRunnerOutput
 from jaxlm.core.request import Request, RequestStatus
 from jaxlm.core.sched_output import SchedulerOutput
 
@@ -84,7 +84,7 @@ class _Step:
             self.failed = np.fromiter(map(mro.failed_req_ids.__contains__, ids), bool, n)
 
     def run(self, pending: list) -> EngineCoreOutputBatch:
-        sched, reqs, ids = self.sched, self.reqs, self.ids
+        sched, reqs = self.sched, self.reqs
         sched._advance_computed_batch(reqs, self.n_sched)
         computed = gather(_computed, reqs)
         num_tokens = np.fromiter(map(len, map(_all_tokens, reqs)), np.int64, len(reqs))

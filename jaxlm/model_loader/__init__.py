@@ -34,17 +34,17 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = sorted(_EXPORTS)
 
-if TYPE_CHECKING:
-    from jaxlm.model_loader.errors import (
+if TYPE_CHECKING:  # the names __getattr__ serves, for type checkers (hence unused here)
+    from jaxlm.model_loader.errors import (  # noqa: F401
         CorruptCheckpointError, MissingWeightsError, NoWeightsError, UnexpectedWeightError,
         UnsupportedDtypeError, UnsupportedModelError, WeightLoadError, WeightShapeError,
     )
-    from jaxlm.model_loader.loader import (
+    from jaxlm.model_loader.loader import (  # noqa: F401
         BaseModelLoader, DefaultModelLoader, GGUFModelLoader, OrbaxModelLoader, get_model, get_model_loader,
     )
-    from jaxlm.model_loader.orbax_utils import save_orbax
-    from jaxlm.model_loader.resolve import get_jax_dtype, resolve_model_config
-    from jaxlm.model_loader.tokenizer import get_tokenizer
+    from jaxlm.model_loader.orbax_utils import save_orbax  # noqa: F401
+    from jaxlm.model_loader.resolve import get_jax_dtype, resolve_model_config  # noqa: F401
+    from jaxlm.model_loader.tokenizer import get_tokenizer  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:
