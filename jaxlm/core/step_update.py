@@ -24,15 +24,11 @@ from jaxlm.core.outputs import EngineCoreOutputBatch, LogprobsLists, ModelRunner
 from jaxlm.core.request import Request, RequestStatus
 from jaxlm.core.sched_output import SchedulerOutput
 
-_repeat = itertools.repeat
-_status = operator.attrgetter("status")
-_computed = operator.attrgetter("num_computed_tokens")
-_all_tokens = operator.attrgetter("all_token_ids")
-_outputs = operator.attrgetter("output_token_ids")
+# The request fields both update paths read (one set of getters, in decode_update).
+_repeat, _status, _computed = decode_update._repeat, decode_update._status, decode_update._computed
+_all_tokens, _outputs, _max_tokens = decode_update._all_tokens, decode_update._outputs, decode_update._max_tokens
+_stop_ids, _eos = decode_update._stop_ids, decode_update._eos
 _params = operator.attrgetter("sampling_params")
-_max_tokens = operator.attrgetter("max_tokens")
-_stop_ids = operator.attrgetter("stop_token_ids")
-_eos = operator.attrgetter("eos_token_id")
 _min_tokens = operator.attrgetter("min_tokens")
 _ignore_eos = operator.attrgetter("ignore_eos")
 
