@@ -21,20 +21,18 @@ Program count: |token buckets| + |decode buckets| + |prompt-logprobs buckets|
 + 6 x |seq buckets| (a sum, never a product of bucket lists).
 
 Per-request host state lives in RequestStates (worker/request_states.py), shared with the
-StepHandles; the compile guard is worker/compile_guard.py.
+StepHandles; the compile guard is worker/compile_guard.py; a warm start loads the programs
+whole from worker/program_cache.py.
 
-Structured outputs: the runner keeps each constrained request's matcher (host side, from the
-engine's StructuredOutputManager) until the request finishes; a preempted request keeps it.
-A step dispatches the body first and fills the grammar bitmask while the device runs it (the
-mask needs the previous step's token; only the sampler, a separate dispatch, needs the mask),
-then advances the matchers with the sampled tokens and reports the requests whose grammar
-accepts nothing more (ModelRunnerOutput.grammar_terminated_req_ids).
+Structured outputs: each constrained request's matcher (host side) stays until it finishes.
+A step dispatches the body, fills the grammar bitmask while the device runs it, dispatches
+the sampler, then advances the matchers and reports the requests whose grammar accepts nothing
+more (ModelRunnerOutput.grammar_terminated_req_ids).
 
 A lean step (issue 14; docs/ARCHITECTURE.md): the body's int32 inputs and the sampler's
-metadata are two packed host buffers built before the body is dispatched, handed to the
-compiled programs as they are (their C++ call path copies them: no jax.device_put); a
-constrained step fills its mask after the body's dispatch. The programs take the model
-state's leaves, flattened once at load.
+metadata are two packed host buffers, handed to the compiled programs as they are (their C++
+call path copies them: no jax.device_put). The programs take the model state's leaves,
+flattened once at load.
 execute_model(so, non_block=True) returns a StepHandle once the step is dispatched (async
 scheduling); `step_timer` (benchmarks only) gets a lap at each boundary of the step.
 """
@@ -67,10 +65,11 @@ from jaxlm.worker.buckets import (
     prompt_logprobs_buckets, validate_buckets)
 from jaxlm.worker.compile_guard import CompileGuard
 from jaxlm.worker.input_batch import InputBatch, StepInputs
+from jaxlm.worker.program_cache import ProgramCache
 from jaxlm.worker.request_states import RequestStates
 from jaxlm.worker.step_handle import StepHandle
 from jaxlm.worker.step_programs import (
-    DECODE, MD_FIELDS, MIXED, PROMPT_LOGPROBS, gathered, kernel_constraints, leaves_read, unpack, with_unread)
+    DECODE, MD_FIELDS, MIXED, PROMPT_LOGPROBS, abstract, gathered, kernel_constraints, leaves_read, unpack, with_unread)
 
 logger = logging.getLogger(__name__)
 
@@ -123,7 +122,7 @@ class ModelRunner:
         self.kv_caches: list[jax.Array] | None = None
         self._body: dict[tuple[int, str], Any] = {}
         self._sample: dict[tuple[int, SamplerVariant], Any] = {}
-        self.num_programs = 0
+        self.num_programs = self.programs_from_cache = 0
         self.warmup_seconds = 0.0
         self.compile_guard = CompileGuard()
         # Padding waste: real vs computed tokens, rows, pages, samples (scripts/bench.py reports it).
@@ -249,11 +248,26 @@ class ModelRunner:
         return jax.ShapeDtypeStruct((size,), jnp.int32, sharding=self._replicated)
 
     def warm_up(self) -> None:
-        """Compile every program the buckets can ask for, ahead of serving."""
+        """Compile every program the buckets can ask for, or load them all untraced (program_cache.py)."""
         start = time.perf_counter()
-        spec = lambda tree: jax.tree.map(  # noqa: E731
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
-        kv_spec, params_spec = spec(self.kv_caches), spec(self._param_leaves)
+        self._last_tokens = self._put(np.zeros(self.sample_capacity, np.int32))
+        jobs = [("body", (T, kind)) for kind, buckets in self.body_buckets().items() for T in buckets]
+        jobs += [("sample", (S, v)) for S in self.seq_buckets for v in self.sampling.variants()]
+        cache = ProgramCache.for_runner(self.config, self.mesh, self._param_leaves, self.kv_caches, jobs)
+        if (saved := cache.load()) is not None:
+            self._body, self._sample, self._sampler_leaf_index = (saved[k] for k in ("body", "sample", "leaf_index"))
+        else:
+            with cache.watch_compiles():
+                self._compile(jobs)
+            cache.save({"body": self._body, "sample": self._sample}, {"leaf_index": self._sampler_leaf_index})
+        self.num_programs = len(self._body) + len(self._sample)
+        self.programs_from_cache = self.num_programs if saved is not None else 0
+        self.warmup_seconds = time.perf_counter() - start
+        logger.info("Compiled %d programs in %.1f s (%d from the program cache)", self.num_programs,
+                    self.warmup_seconds, self.programs_from_cache)
+
+    def _compile(self, jobs: list[tuple[str, Any]]) -> None:
+        kv_spec, params_spec = abstract(self.kv_caches), abstract(self._param_leaves)
         body_jit = lambda T, kind: jax.jit(self._body_fn(T, kind), donate_argnums=(1,))  # noqa: E731
         T0 = self.token_buckets[0]
         hidden_sel, _ = jax.eval_shape(body_jit(T0, MIXED), params_spec, kv_spec, self._abstract_packed(T0, MIXED),
@@ -261,10 +275,7 @@ class ModelRunner:
         hidden_sel = jax.ShapeDtypeStruct(hidden_sel.shape, hidden_sel.dtype, sharding=self._replicated)
         self._find_sampler_leaves(params_spec, hidden_sel)
         sampler_spec = [params_spec[i] for i in self._sampler_leaf_index]
-        self._last_tokens = self._put(np.zeros(self.sample_capacity, np.int32))
         tokens_spec = jax.ShapeDtypeStruct((self.sample_capacity,), jnp.int32, sharding=self._replicated)
-        jobs = [("body", (T, kind)) for kind, buckets in self.body_buckets().items() for T in buckets]
-        jobs += [("sample", (S, v)) for S in self.seq_buckets for v in self.sampling.variants()]
         for what, key in tqdm(jobs, desc="Compiling buckets", unit="program"):
             if what == "body":
                 lowered = body_jit(*key).lower(params_spec, kv_spec, self._abstract_packed(*key), tokens_spec)
@@ -273,11 +284,7 @@ class ModelRunner:
                 S, variant = key
                 md = self.sampling.build_host([], S, variant)
                 md_spec = jax.ShapeDtypeStruct(md.packed().shape, jnp.int32, sharding=self._replicated)
-                fn = jax.jit(self._sample_fn(S, md))
-                self._sample[key] = fn.lower(sampler_spec, hidden_sel, md_spec).compile()
-        self.num_programs = len(self._body) + len(self._sample)
-        self.warmup_seconds = time.perf_counter() - start
-        logger.info("Compiled %d programs in %.1f s", self.num_programs, self.warmup_seconds)
+                self._sample[key] = jax.jit(self._sample_fn(S, md)).lower(sampler_spec, hidden_sel, md_spec).compile()
 
     # ---- one step -------------------------------------------------------------------------
 
@@ -308,9 +315,8 @@ class ModelRunner:
         return StepHandle(self.states, inputs, out, placed, prompt_rows, self.step_timer)
 
     def _run_body(self, so: SchedulerOutput) -> tuple[StepInputs, jax.Array, Any, HostArrays | None, Any]:
-        """Dispatch the step's body: its inputs, the sampling rows' hidden states, the raw prompt
-        logprob rows (or None), and the sampler's host metadata and input, built before the body
-        (the pipeline runner overrides this to run its stages over micro-batches)."""
+        """Dispatch the step's body: its inputs, the sampling rows' hidden states, the raw prompt logprob
+        rows (or None), the sampler's host metadata and input (the pipeline runner overrides this)."""
         timer = self.step_timer
         kind = self._body_kind(so)
         T = pick_bucket(so.total_num_scheduled_tokens, self.body_buckets()[kind])
@@ -380,15 +386,13 @@ class ModelRunner:
         return [slots]
 
     def _sampler_input(self, host_md: HostArrays | None) -> Any:
-        """The sampler's packed metadata, or None when there is none yet (no sampled row, or a
-        constrained step whose mask is filled while the body runs)."""
+        """The sampler's packed metadata, or None (no sampled row, or a mask filled while the body runs)."""
         if host_md is None or host_md.variant.structured:
             return None
         return self._place(host_md.packed())
 
     def _place(self, host: np.ndarray) -> Any:
-        """Host buffers go to the programs as they are, but over several processes a program
-        takes only global arrays: each node assembles its copy (executor/distributed.py)."""
+        """Host buffers as they are; over several processes each node assembles a global array (distributed.py)."""
         return place_inputs(host, self._replicated) if self._multiprocess else host
 
     def _put(self, x: Any) -> Any:

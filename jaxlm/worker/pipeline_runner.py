@@ -44,13 +44,9 @@ from jaxlm.sample.sampler import compute_prompt_logprobs
 from jaxlm.worker.buckets import pick_bucket
 from jaxlm.worker.input_batch import StepInputs
 from jaxlm.worker.model_runner import ModelRunner
-from jaxlm.worker.step_programs import DECODE, MD_FIELDS, MIXED, PROMPT_LOGPROBS, gathered, unpack
+from jaxlm.worker.step_programs import DECODE, MD_FIELDS, MIXED, PROMPT_LOGPROBS, abstract, gathered, unpack
 
 logger = logging.getLogger(__name__)
-
-
-def _abstract(tree: Any) -> Any:
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
 
 
 def split_micro_batches(num_scheduled_tokens: dict[str, int], num_micro_batches: int) -> list[dict[str, int]]:
@@ -166,8 +162,8 @@ class PipelineModelRunner(ModelRunner):
     def warm_up(self) -> None:
         """Compile every stage's programs for every body bucket, and the samplers, ahead of serving."""
         start = time.perf_counter()
-        params = [_abstract(p) for p in self.stage_params]
-        kv = [_abstract(self._stage_kv(s)) for s in range(self.pp)]
+        params = [abstract(p) for p in self.stage_params]
+        kv = [abstract(self._stage_kv(s)) for s in range(self.pp)]
 
         def packed(s: int, T: int, kind: str) -> jax.ShapeDtypeStruct:
             size = sum(math.prod(shape) for shape in self._pipeline_shapes(T, kind).values())
@@ -178,7 +174,7 @@ class PipelineModelRunner(ModelRunner):
         hidden_size, dtype = x0.shape[1], x0.dtype
         self._acc0 = jnp.zeros((self.sample_capacity, hidden_size), dtype, device=self._replicated)
         self._last_tokens = self._put(np.zeros(self.sample_capacity, np.int32))  # unused: no async steps
-        acc, leaves = _abstract(self._acc0), _abstract(self._param_leaves)
+        acc, leaves = abstract(self._acc0), abstract(self._param_leaves)
         self._find_sampler_leaves(leaves, acc)
         leaves = [leaves[i] for i in self._sampler_leaf_index]
         jobs = [(s, T, kind) for s in range(self.pp) for kind, buckets in self.body_buckets().items() for T in buckets]

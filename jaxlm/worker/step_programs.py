@@ -28,6 +28,11 @@ def unpack(flat: jax.Array, shapes: dict[str, tuple[int, ...]]) -> dict[str, jax
     return out
 
 
+def abstract(tree: Any) -> Any:
+    """The tree's arrays as ShapeDtypeStructs (shape, dtype, sharding): what programs are lowered for."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
+
+
 def gathered(logits: jax.Array, replicated: jax.sharding.NamedSharding | None) -> jax.Array:
     """Vocab-split logits gathered onto every device (None: one device, as is), so the sampler
     sees the whole vocabulary as on one device and picks the same tokens."""

@@ -1,0 +1,164 @@
+"""The compiled step programs kept whole on disk, so a warm start loads them without tracing.
+
+JAX's persistent compilation cache (executor/compilation_cache.py) is keyed by the lowered
+program: a restart still traces and lowers each of the ~40 step programs to find its entry,
+which was most of a warm start (about 60% of the programs' time, the rest loading them).
+This cache keeps the serialized executables of one runner in one file, keyed instead by what
+the tracing reads: jaxlm's source, the jax/jaxlib/flax versions and JAX's numerics flags, the
+devices, the whole engine config (model config, buckets, dtype, backend, LoRA, ...), the
+parameter and KV cache specs and the bucket lists. Any change there is a new file; a file that
+fails to load is removed (the programs are compiled).
+Only programs XLA compiled in this process are written: an executable JAX loaded from its own
+cache comes out of serialization without its functions on XLA:CPU (jax 0.10: "Function ...
+not found" when run), so a start whose programs came from JAX's cache writes no file here (the
+next cold compile does).
+It lives beside the compilation cache (`<compilation cache>/jaxlm-programs/`) and is off with
+it; only single-process, single-device runners use it (a mesh's device assignment is not part
+of the key). The newest few entries are kept (a load refreshes its file's time), older ones removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import pickle
+import tempfile
+from typing import Any, Iterator
+
+import jax
+from jax.experimental import serialize_executable
+
+import jaxlm
+from jaxlm.config import EngineConfig
+
+logger = logging.getLogger(__name__)
+
+_FORMAT = 1  # bump when the file's layout changes
+_HIT_EVENT = "/jax/compilation_cache/cache_hits"
+_KEEP = 4  # entries kept per directory (a changed config or jaxlm leaves its old one behind; ~110 MB for SmolLM2)
+
+
+def code_fingerprint() -> str:
+    """A hash of every jaxlm source file (what the programs are traced from)."""
+    root = os.path.dirname(os.path.abspath(jaxlm.__file__))
+    h = hashlib.sha256()
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(filenames):
+            if name.endswith(".py"):
+                path = os.path.join(dirpath, name)
+                h.update(os.path.relpath(path, root).encode())
+                with open(path, "rb") as f:
+                    h.update(f.read())
+    return h.hexdigest()
+
+
+def _spec(leaves: list[Any]) -> list[tuple]:
+    return [(tuple(x.shape), str(x.dtype), str(getattr(x, "sharding", None))) for x in leaves]
+
+
+def program_key(config: EngineConfig, param_leaves: list[Any], kv_caches: list[Any], programs: Any) -> str:
+    """The cache key of a runner's programs (see the module docstring)."""
+    import flax
+    import jaxlib
+
+    backend = jax.devices()[0].client
+    parts = (
+        _FORMAT, code_fingerprint(), jax.__version__, jaxlib.__version__, flax.__version__,
+        backend.platform, backend.platform_version, [d.device_kind for d in jax.devices()],
+        jax.process_count(), os.environ.get("XLA_FLAGS", ""), jax.config.jax_enable_x64,
+        str(jax.config.jax_default_matmul_precision), repr(config),
+        _spec(param_leaves), _spec(kv_caches), repr(programs),
+    )
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:32]
+
+
+class ProgramCache:
+    """One runner's programs in one file: load() them, or save() them once compiled."""
+
+    def __init__(self, path: str | None):
+        self.path = path  # None: off (load() finds nothing, save() writes nothing)
+        self.jax_cache_hits = 0  # programs compiled under watch_compiles() that JAX loaded from its cache
+
+    @classmethod
+    def for_runner(cls, config: EngineConfig, mesh: Any, param_leaves: list[Any], kv_caches: list[Any],
+                   programs: Any) -> ProgramCache:
+        """The runner's cache file; off when the compilation cache is, or when the runner spans
+        several devices or processes."""
+        cache_dir = config.compilation_config.resolved_cache_dir()
+        if cache_dir is None or jax.process_count() > 1 or (mesh is not None and mesh.size > 1):
+            return cls(None)
+        key = program_key(config, param_leaves, kv_caches, programs)
+        return cls(os.path.join(cache_dir, "jaxlm-programs", f"{key}.pkl"))
+
+    def load(self) -> dict[str, Any] | None:
+        """{name: value} as saved, each compiled program loaded; None when absent or unreadable."""
+        if self.path is None or not os.path.exists(self.path):
+            return None
+        try:
+            with open(self.path, "rb") as f:
+                saved = pickle.load(f)
+            if saved.get("format") != _FORMAT:
+                return None
+            out = dict(saved["values"])
+            for name, table in saved["programs"].items():
+                out[name] = {key: serialize_executable.deserialize_and_load(*blob) for key, blob in table.items()}
+        except Exception as e:  # a torn or foreign file: removed, compiled as if absent
+            logger.warning("removing the unreadable program cache %s (%s: %s)", self.path, type(e).__name__, e)
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+            return None
+        os.utime(self.path)  # recently used: kept by prune()
+        logger.info("loaded %d compiled programs from %s", sum(map(len, saved["programs"].values())), self.path)
+        return out
+
+    @contextlib.contextmanager
+    def watch_compiles(self) -> Iterator[None]:
+        """Counts, in jax_cache_hits, the programs compiled inside that came from JAX's cache."""
+        def on_event(name: str, **_: Any) -> None:
+            if name == _HIT_EVENT:
+                self.jax_cache_hits += 1
+
+        jax.monitoring.register_event_listener(on_event)
+        try:
+            yield
+        finally:
+            jax.monitoring.unregister_event_listener(on_event)
+
+    def save(self, programs: dict[str, dict[Any, Any]], values: dict[str, Any]) -> None:
+        """Writes the compiled `programs` ({name: {key: Compiled}}) and plain `values`
+        atomically (a reader never sees half a file). Failing to write only logs."""
+        if self.path is None:
+            return
+        if self.jax_cache_hits:
+            logger.info("program cache not written: %d programs came from JAX's compilation cache", self.jax_cache_hits)
+            return
+        try:
+            table = {name: {key: serialize_executable.serialize(c) for key, c in t.items()}
+                     for name, t in programs.items()}
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            blob = pickle.dumps({"format": _FORMAT, "programs": table, "values": values}, pickle.HIGHEST_PROTOCOL)
+            fd, tmp = tempfile.mkstemp(dir=os.path.dirname(self.path), suffix=".tmp")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(blob)
+                os.replace(tmp, self.path)
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+            prune(os.path.dirname(self.path), _KEEP)
+        except Exception as e:
+            logger.warning("could not write the program cache %s (%s: %s)", self.path, type(e).__name__, e)
+
+
+def prune(directory: str, keep: int) -> None:
+    """Removes all but the `keep` most recently used entries of `directory`."""
+    entries = sorted((e for e in os.scandir(directory) if e.name.endswith(".pkl")),
+                     key=lambda e: e.stat().st_mtime, reverse=True)
+    for e in entries[keep:]:
+        try:
+            os.unlink(e.path)
+        except FileNotFoundError:  # another engine pruned it first
+            pass
