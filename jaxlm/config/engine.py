@@ -11,7 +11,8 @@ from jaxlm.config.model import ModelConfig
 from jaxlm.config.observability import ObservabilityConfig
 from jaxlm.config.parallel import ParallelConfig
 from jaxlm.config.scheduler import SchedulerConfig
-from jaxlm.config.utils import ATTENTION_BACKENDS, arg
+from jaxlm.config.speculative import SpeculativeConfig
+from jaxlm.config.utils import ATTENTION_BACKENDS, arg, parse_json_object
 
 
 @dataclasses.dataclass
@@ -27,6 +28,12 @@ class EngineConfig:
     attention_backend: str = arg("auto", "attention kernels (auto: pallas on GPU, xla elsewhere)",
                                  choices=ATTENTION_BACKENDS)
     observability_config: ObservabilityConfig = dataclasses.field(default_factory=ObservabilityConfig)
+    speculative_config: SpeculativeConfig | None = arg(
+        None, "speculative decoding, vLLM's JSON object, e.g. '{\"method\": \"ngram\", "
+              "\"num_speculative_tokens\": 4}' (methods ngram, draft_model)", parse=parse_json_object)
+
+    def __post_init__(self) -> None:
+        self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
 
 
 # Every config that holds engine arguments, in --help order (one argument group each).

@@ -40,14 +40,18 @@ class AsyncScheduler(Scheduler):
             self.host_loop_req_ids.add(request.request_id)
 
     def needs_sync_step(self) -> bool:
-        """Whether the next step must wait for the previous one's tokens (see needs_host_in_loop)."""
-        return bool(self.host_loop_req_ids)
+        """Whether the next step must wait for the previous one's tokens (see needs_host_in_loop;
+        a step that speculates, or may: its proposer drafts from the last token)."""
+        speculating = self.spec is not None and (self._spec_step or self.spec.active(len(self.running)))
+        return bool(self.host_loop_req_ids) or speculating
 
     def _update_after_schedule(self, output: SchedulerOutput) -> None:
+        spec = output.scheduled_spec_decode_tokens
         for rid, n in output.num_scheduled_tokens.items():
             request = self.requests[rid]
             request.num_computed_tokens += n
-            if request.num_computed_tokens == request.num_tokens + request.num_output_placeholders:
+            num_drafts = len(spec[rid]) if rid in spec else 0
+            if request.num_computed_tokens - num_drafts == request.num_tokens + request.num_output_placeholders:
                 request.num_output_placeholders += 1  # it samples: that token is in flight
 
     def _num_tokens_to_compute(self, request: Request) -> int:

@@ -19,6 +19,15 @@ class LogprobsLists:
     token_ids: np.ndarray  # [N, 1 + k] int
     logprobs: np.ndarray  # [N, 1 + k] float
     ranks: np.ndarray  # [N] int
+    # Speculative decoding: request i's rows are [cu[i], cu[i + 1]) (one per generated token);
+    # None: one row per request.
+    cu_num_generated_tokens: np.ndarray | None = None
+
+    def slice_request(self, i: int, num_tokens: int) -> "LogprobsLists":
+        """Request i's rows for its first num_tokens generated tokens."""
+        start = i if self.cu_num_generated_tokens is None else int(self.cu_num_generated_tokens[i])
+        stop = start + num_tokens
+        return LogprobsLists(self.token_ids[start:stop], self.logprobs[start:stop], self.ranks[start:stop])
 
 
 @dataclasses.dataclass
@@ -38,7 +47,9 @@ class ModelRunnerOutput:
     # Requests whose structured-output grammar accepts nothing more after this step's token:
     # the scheduler finishes them with "stop" (before ignore_eos, min_tokens and the length cap).
     grammar_terminated_req_ids: set[str] = dataclasses.field(default_factory=set)
-
+    # Speculative decoding: per request (req_ids order), the tokens drafted for its next step
+    # (None when the runner proposed nothing).
+    spec_token_ids: list[list[int]] | None = None
 
     @classmethod
     def empty(cls) -> "ModelRunnerOutput":

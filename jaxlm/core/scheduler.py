@@ -3,7 +3,8 @@
 One step = schedule() -> runner -> update_from_output(). Running requests go first (one decode
 token each, or the next chunk of a prompt), then waiting requests in FCFS order while the token
 budget, max_num_seqs and free blocks allow. When a running request needs a block and none is
-free, the newest running request is preempted (its blocks freed, recomputed later).
+free, the newest running request is preempted (its blocks freed, recomputed later). Speculative
+decoding adds draft tokens to running decode requests (core/spec_decode.py).
 """
 
 from __future__ import annotations
@@ -13,18 +14,20 @@ import logging
 import time
 from typing import Iterable
 
-from jaxlm.config import CacheConfig, SchedulerConfig
+from jaxlm.config import CacheConfig, SchedulerConfig, SpeculativeConfig
 from jaxlm.core.kv_cache_manager import KVCacheManager
-from jaxlm.core.outputs import EngineCoreOutput, FinishReason, LogprobsLists, ModelRunnerOutput
+from jaxlm.core.outputs import EngineCoreOutput, FinishReason, ModelRunnerOutput
 from jaxlm.core.request import Request, RequestStatus
 from jaxlm.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
+from jaxlm.core.spec_decode import SpecDecodeScheduling
 from jaxlm.core.stats import SchedulerStats
 
 logger = logging.getLogger(__name__)
 
 
 class Scheduler:
-    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig) -> None:
+    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
+                 speculative_config: SpeculativeConfig | None = None) -> None:
         if cache_config.num_gpu_blocks is None:
             raise ValueError("cache_config.num_gpu_blocks must be set before building the Scheduler")
         self.scheduler_config = scheduler_config
@@ -46,6 +49,9 @@ class Scheduler:
         # Outputs produced outside update_from_output (a request dropped by schedule()).
         self._pending_outputs: list[EngineCoreOutput] = []
         self.num_preemptions = 0
+        # Speculative decoding (core/spec_decode.py); whether the step being scheduled speculates.
+        self.spec = SpecDecodeScheduling(speculative_config) if speculative_config is not None else None
+        self._spec_step = False
 
     # -- admission -------------------------------------------------------------------------
 
@@ -87,7 +93,9 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         num_scheduled_tokens: dict[str, int] = {}
         cached = CachedRequestData()
-        token_budget, preempted_reqs = self._schedule_running(num_scheduled_tokens, cached)
+        self._spec_step = self.spec is not None and self.spec.active(len(self.running))
+        spec_tokens: dict[str, list[int]] = {}
+        token_budget, preempted_reqs = self._schedule_running(num_scheduled_tokens, cached, spec_tokens)
         new_reqs_data: list[NewRequestData] = []
         if not preempted_reqs:  # after a preemption blocks are short this step: no admissions
             token_budget = self._schedule_waiting(token_budget, num_scheduled_tokens, new_reqs_data)
@@ -98,6 +106,8 @@ class Scheduler:
             total_num_scheduled_tokens=self.max_num_batched_tokens - token_budget,
             finished_req_ids=self.finished_req_ids,
             preempted_req_ids={r.request_id for r in preempted_reqs},
+            scheduled_spec_decode_tokens=spec_tokens,
+            propose_draft_tokens=self._spec_step,
         )
         self.finished_req_ids = set()
         self._update_after_schedule(output)
@@ -119,8 +129,11 @@ class Scheduler:
         """Whether a step's output still applies to this request (sync: running ones only)."""
         return request.status == RequestStatus.RUNNING
 
-    def _schedule_running(self, num_scheduled_tokens: dict[str, int],
-                          cached: CachedRequestData) -> tuple[int, list[Request]]:
+    def _lookahead(self, request: Request, num_new_tokens: int) -> int:
+        return self.spec.lookahead(request, num_new_tokens, self.max_model_len) if self._spec_step else 0
+
+    def _schedule_running(self, num_scheduled_tokens: dict[str, int], cached: CachedRequestData,
+                          spec_tokens: dict[str, list[int]]) -> tuple[int, list[Request]]:
         """Running requests: decode tokens and remaining prompt chunks, preempting the newest
         when blocks run out. Returns (token budget left, preempted requests)."""
         token_budget = self.max_num_batched_tokens
@@ -138,8 +151,13 @@ class Scheduler:
                 logger.warning("Request %s has no token to compute", request.request_id)
                 req_index += 1
                 continue
+            drafts = (self.spec.drafts_for(request, num_new_tokens, token_budget, self.max_model_len)
+                      if self._spec_step else [])
+            request.spec_token_ids = []
+            num_new_tokens += len(drafts)
             while True:
-                new_blocks = kv.allocate_slots(request, num_new_tokens)
+                new_blocks = kv.allocate_slots(request, num_new_tokens,
+                                               num_lookahead_tokens=self._lookahead(request, num_new_tokens))
                 if new_blocks is not None:
                     break
                 victim = self.running.pop()  # newest; never one already scheduled this step
@@ -150,6 +168,8 @@ class Scheduler:
             if new_blocks is None:
                 break
             num_scheduled_tokens[request.request_id] = num_new_tokens
+            if drafts:
+                spec_tokens[request.request_id] = drafts
             token_budget -= num_new_tokens
             cached.req_ids.append(request.request_id)
             cached.new_block_ids.append([b.block_id for b in new_blocks])
@@ -167,7 +187,8 @@ class Scheduler:
             request = self.waiting[0]
             computed_blocks, num_computed = kv.get_computed_blocks(request)
             num_new_tokens = min(request.num_tokens - num_computed, token_budget)
-            new_blocks = kv.allocate_slots(request, num_new_tokens, computed_blocks)
+            new_blocks = kv.allocate_slots(request, num_new_tokens, computed_blocks,
+                                           self._lookahead(request, num_computed + num_new_tokens))
             if new_blocks is None:
                 if not self.running:
                     # Nothing holds a block, so it can never fit: drop it rather than spin.
@@ -200,6 +221,7 @@ class Scheduler:
         self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        request.spec_token_ids = []
         request.num_preemptions += 1
         self.num_preemptions += 1
         # Front of the queue: preempted requests pop newest-first, so FCFS order is kept.
@@ -233,12 +255,17 @@ class Scheduler:
                 continue  # aborted (or finished) while the step ran
             self._advance_computed(request, num_scheduled)
             i = req_index.get(rid)
+            drafts = scheduler_output.scheduled_spec_decode_tokens.get(rid)
             if rid in model_runner_output.failed_req_ids:
                 request.status = RequestStatus.FINISHED_ERROR  # its blocks stay out of the prefix cache
                 sampled = []
             else:
-                kv.cache_blocks(request, min(request.num_computed_tokens, request.num_tokens))
                 sampled = model_runner_output.sampled_token_ids[i] if i is not None else []
+                if drafts:  # rejected drafts' positions are not computed: roll them back
+                    num_accepted = max(len(sampled) - 1, 0)
+                    request.num_computed_tokens -= len(drafts) - num_accepted
+                    self.spec.observe(len(drafts), num_accepted)
+                kv.cache_blocks(request, min(request.num_computed_tokens, request.num_tokens))
                 self._token_arrived(request, bool(sampled))
             if self._is_partial(request):
                 sampled = []  # a partial prefill chunk: its token (if any) is not a real sample
@@ -253,11 +280,14 @@ class Scheduler:
                 request.status = RequestStatus.FINISHED_STOPPED
             new_logprobs = None
             if new_token_ids and model_runner_output.logprobs is not None:
-                new_logprobs = _slice_logprobs(model_runner_output.logprobs, i, i + 1)
+                new_logprobs = model_runner_output.logprobs.slice_request(i, len(new_token_ids))
             prompt_logprobs = model_runner_output.prompt_logprobs.get(rid)
             finished_now = request.status > RequestStatus.PREEMPTED
             if finished_now:
                 finished.add(rid)
+            else:  # drafts proposed after this step's tokens (none: a plain decode step next)
+                spec = model_runner_output.spec_token_ids
+                request.spec_token_ids = spec[i] if spec is not None and i is not None else []
             if new_token_ids or prompt_logprobs is not None or finished_now:
                 outputs.append(
                     EngineCoreOutput(
@@ -367,10 +397,5 @@ class Scheduler:
             prefix_cache_queries=pc.queries,
             prefix_cache_hits=pc.hits,
             num_preemptions=self.num_preemptions,
+            spec_decoding_stats=self.spec.stats.copy() if self.spec is not None else None,
         )
-
-
-def _slice_logprobs(lp: LogprobsLists, start: int, stop: int) -> LogprobsLists:
-    return LogprobsLists(
-        token_ids=lp.token_ids[start:stop], logprobs=lp.logprobs[start:stop], ranks=lp.ranks[start:stop]
-    )

@@ -27,6 +27,7 @@ from jaxlm.core.outputs import FinishReason
 from jaxlm.outputs import CompletionOutput, RequestOutput
 from jaxlm.sample.builder import SamplingInputBuilder
 from jaxlm.sampling_params import SamplingParams
+from jaxlm.spec_decode.setup import resolve_speculative_config
 from jaxlm.worker.bucket_planner import resolve_auto_buckets
 from jaxlm.structured_output.manager import StructuredOutputManager
 
@@ -55,6 +56,7 @@ class LLMEngine:
         self.model_config = mc
         self.tokenizer = get_tokenizer(mc)
         resolve_auto_buckets(config, self.tokenizer)  # --token-buckets auto: before any compile
+        resolve_speculative_config(config, self.tokenizer)  # the draft model's config, its tokenizer checked
         vocab = int(mc.hf_config.vocab_size)
         self.eos_token_id = self.tokenizer.eos_token_id
         generation_config = try_get_generation_config(mc)

@@ -27,7 +27,6 @@ _VLLM_FIXED_ARGS: dict[str, tuple[Any, str]] = {
     "enable_chunked_prefill": (True, "jaxlm always chunks prefills into the step budget"),
     "cpu_offload_gb": (0, "jaxlm does not offload weights"),
     "enable_lora": (False, "LoRA adapters are not supported"),
-    "speculative_config": (None, "speculative decoding is not supported"),
     "hf_overrides": (None, "the model's config.json is used as it is"),
 }
 

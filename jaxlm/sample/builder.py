@@ -16,6 +16,7 @@ import numpy as np
 
 from jaxlm.sample.metadata import ALL_VARIANTS, HostArrays, SamplerVariant, SamplingMetadata, covering_variant
 from jaxlm.sample.rows import SamplingRows
+from jaxlm.sample.spec_rows import SpecRows, neutral_draft_fields, states_after_drafts
 from jaxlm.sampling_params import SamplingParams
 from jaxlm.structured_output.bitmask import bitmask_width
 
@@ -98,12 +99,13 @@ class SamplingInputBuilder:
     the sparse logit_bias(+bans) and allowed_token_ids rows; larger requests are rejected.
     max_logprobs: the engine's cap (ModelConfig.max_logprobs, ``--max-logprobs``).
     variants: the sampler programs that exist; variant_of() picks the cheapest covering one.
+    speculative: every metadata carries the rejection sampler's draft fields (sample/spec_rows.py).
     """
 
     def __init__(self, vocab_size: int, max_model_len: int, *, engine_seed: int = 0,
                  max_logprobs: int = 20, max_bias_tokens: int = 1024,
                  max_allowed_tokens: int = 1024, num_candidates: int = 256,
-                 variants: Sequence[SamplerVariant] = ALL_VARIANTS) -> None:
+                 variants: Sequence[SamplerVariant] = ALL_VARIANTS, speculative: bool = False) -> None:
         self.vocab_size = vocab_size
         self.penalty_width = max(1, min(max_model_len, vocab_size))
         self.engine_seed = engine_seed
@@ -112,6 +114,7 @@ class SamplingInputBuilder:
         self.max_allowed_tokens = max_allowed_tokens
         self.num_candidates = num_candidates
         self._variants = tuple(variants)
+        self.speculative = speculative
         self._reqs: dict[str, _ReqState] = {}
         # The per-step values of every request, gathered per step by index (see rows.py).
         self._rows = SamplingRows()
@@ -230,10 +233,10 @@ class SamplingInputBuilder:
         self._rows.num_output[self._rows.slot(req_id)] += 1
         self._record_token(st, token_id)
 
-    def count_outputs(self, req_ids: Sequence[str]) -> None:
-        """A step sampled one token for each of these distinct requests (values not known yet:
-        record_tokens follows). The counts move the random streams on, in one numpy update."""
-        self._rows.num_output[self._rows.slots(req_ids)] += 1
+    def count_outputs(self, req_ids: Sequence[str], counts: np.ndarray | None = None) -> None:
+        """A step sampled one token (or counts[i]) for each of these distinct requests (values
+        not known yet: record_tokens follows). The counts move the random streams on."""
+        self._rows.num_output[self._rows.slots(req_ids)] += 1 if counts is None else counts.astype(np.uint64)
 
     def record_tokens(self, req_ids: Sequence[str], token_ids: Sequence[int]) -> None:
         """The tokens count_outputs counted: Python work only for requests whose processors
@@ -298,11 +301,14 @@ class SamplingInputBuilder:
         """All-padding metadata of a given variant, for warm-up compiles."""
         return self.build([], num_rows, variant)
 
-    def build_host(self, req_ids: Sequence[str], num_rows: int,
-                   variant: SamplerVariant | None = None) -> HostArrays:
-        n = len(req_ids)
+    def build_host(self, req_ids: Sequence[str], num_rows: int, variant: SamplerVariant | None = None,
+                   drafts: Sequence[Sequence[int]] | None = None) -> HostArrays:
+        """drafts (speculative engines): per request, the draft tokens it verifies; it gets one
+        row more per draft (sample/spec_rows.py)."""
+        spec = SpecRows.of(drafts) if drafts is not None else None
+        n = len(req_ids) if spec is None else spec.num_rows
         if n > num_rows:
-            raise ValueError(f"{n} requests do not fit in {num_rows} rows")
+            raise ValueError(f"{n} sampled rows do not fit in {num_rows} rows")
         if variant is None:
             variant = self.variant_of(req_ids)
         r, v = num_rows, self.vocab_size
@@ -316,15 +322,28 @@ class SamplingInputBuilder:
             "uniform": np.full(r, _MIN_UNIFORM, np.float32)}
         if n:
             rows, idx = self._rows, self._rows.slots(req_ids)
+            steps = rows.num_output[idx]
+            if spec is not None:  # a draft's row draws what that output position would draw
+                idx = np.repeat(idx, spec.per)
+                steps = rows.num_output[idx] + spec.offset.astype(np.uint64)
             for name in ("temperature", "top_k", "top_p", "min_p"):
                 f[name][:n] = getattr(rows, name)[idx]
-            u = row_uniforms(rows.stream[idx], rows.num_output[idx])
+            u = row_uniforms(rows.stream[idx], steps)
             f["uniform"][:n] = np.where(rows.greedy[idx], _MIN_UNIFORM, u)
         if variant.processors:
-            self._fill_processors(f, [self._reqs[q] for q in req_ids], r, v)
+            states = [self._reqs[q] for q in req_ids]
+            if spec is not None:
+                states = [t for st, d in zip(states, spec.drafts)
+                          for t in (states_after_drafts(st, d, self._record_token) if st.processors
+                                    else [st] * (1 + len(d)))]
+            self._fill_processors(f, states, r, v)
+        if self.speculative:
+            f.update(neutral_draft_fields(r))
+            if spec is not None:
+                spec.fill_draft_fields(f)
         if variant.structured:  # every token allowed; the runner fills the constrained rows
             f["bitmask"] = np.full((r, bitmask_width(v)), -1, np.int32)
-        return HostArrays(f, variant, self.max_logprobs, self.num_candidates)
+        return HostArrays(f, variant, self.max_logprobs, self.num_candidates, spec)
 
     def _fill_processors(self, f: dict[str, np.ndarray], states: list[_ReqState], r: int, v: int) -> None:
         f["presence_penalty"] = np.zeros(r, np.float32)

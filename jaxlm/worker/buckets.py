@@ -31,11 +31,14 @@ def pick_bucket(n: int, buckets: list[int]) -> int:
     return buckets[i]
 
 
-def default_seq_buckets(max_num_seqs: int) -> list[int]:
-    """Powers of 4: sampling a padded row is cheap next to compiling another program."""
+def default_seq_buckets(max_num_seqs: int, max_rows: int | None = None) -> list[int]:
+    """Powers of 4: sampling a padded row is cheap next to compiling another program. A
+    speculative engine samples up to max_rows (> max_num_seqs) rows: one bucket more, that size."""
     buckets = [1]
     while buckets[-1] < max_num_seqs:
         buckets.append(buckets[-1] * 4)
+    if max_rows is not None and max_rows > buckets[-1]:
+        buckets.append(max_rows)
     return buckets
 
 

@@ -37,9 +37,18 @@ class StepInputs:
     num_tokens: int  # real tokens (<= T_pad)
     # Requests whose last scheduled token is the sequence's last: they sample this step.
     sample_req_ids: list[str]
-    logits_indices: np.ndarray  # [S_cap] flat index of each sampling request's last token
+    # [S_cap] flat index of each sampled row: a request's last token, or with draft tokens
+    # (speculative decoding) its last token and every draft, in order.
+    logits_indices: np.ndarray
     prev_idx: np.ndarray  # [T_pad] row of the previous step's device tokens feeding this token, or -1
     packed: np.ndarray  # [sum of the above] int32
+    # Sampled rows per sampling request (1 + its drafts), None when no request has drafts.
+    num_sample_rows: np.ndarray | None = None
+
+    @property
+    def num_sampled_rows(self) -> int:
+        n = self.num_sample_rows
+        return len(self.sample_req_ids) if n is None else int(n.sum())
 
 
 class InputBatch:
@@ -61,6 +70,8 @@ class InputBatch:
         # position (-1: none) and its row in that step's sampled tokens on the device.
         self.pending_pos = np.full(max_num_reqs, -1, np.int32)
         self.pending_idx = np.zeros(max_num_reqs, np.int32)
+        # Draft tokens scheduled this step (speculative decoding), written past num_tokens.
+        self.num_spec = np.zeros(max_num_reqs, np.int32)
         self.req_id_to_row: dict[str, int] = {}
         self._layouts: dict[tuple[int, int, int], tuple[int, list]] = {}
         self._free_rows = list(range(max_num_reqs - 1, -1, -1))
@@ -131,6 +142,12 @@ class InputBatch:
             row = self.req_id_to_row[req_id]
             self.append_blocks(row, blocks)
             self.num_computed_tokens[row] = computed
+        self.num_spec[:] = 0
+        for req_id, drafts in so.scheduled_spec_decode_tokens.items():
+            row = self.req_id_to_row[req_id]
+            n = self.num_tokens[row]
+            self.token_ids[row, n:n + len(drafts)] = drafts
+            self.num_spec[row] = len(drafts)
         return gone
 
     def step_shapes(self, num_tokens_padded: int, num_rows_padded: int,
@@ -190,12 +207,19 @@ class InputBatch:
         x["seq_lens"][:R] = start + n_sched
         x["context_lens"][:R] = start
 
-        # A request samples when this step reaches the end of its known tokens.
-        samples = (start + n_sched) == self.num_tokens[rows]
-        sample_idx = np.flatnonzero(samples)
-        x["logits_indices"][: len(sample_idx)] = cu[sample_idx + 1] - 1
+        # A request samples when this step reaches the end of its known tokens (and drafts).
+        n_spec = self.num_spec[rows]
+        sample_idx = np.flatnonzero((start + n_sched) == self.num_tokens[rows] + n_spec)
+        last = cu[sample_idx + 1] - 1
+        num_sample_rows = None
+        if n_spec.any():  # every draft's position is sampled too, in order
+            num_sample_rows = 1 + n_spec[sample_idx]
+            first_row = np.cumsum(num_sample_rows) - num_sample_rows
+            last = (np.repeat(last - num_sample_rows + 1 - first_row, num_sample_rows)
+                    + np.arange(num_sample_rows.sum(), dtype=np.int32))
+        x["logits_indices"][: len(last)] = last
         return StepInputs(req_ids=req_ids, num_tokens=T, sample_req_ids=[req_ids[i] for i in sample_idx],
-                          packed=packed, **x)
+                          packed=packed, num_sample_rows=num_sample_rows, **x)
 
     def next_token_ids(self, inputs: StepInputs) -> np.ndarray:
         """[T_pad] the token after each scheduled position (what it predicts); 0 on padding."""

@@ -38,6 +38,7 @@ scheduling); `step_timer` (benchmarks only) gets a lap at each boundary of the s
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -51,6 +52,7 @@ from tqdm import tqdm
 
 from jaxlm.attention.metadata import AttentionMetadata
 from jaxlm.config import EngineConfig
+from jaxlm.config.speculative import max_sampled_rows
 from jaxlm.core.outputs import ModelRunnerOutput
 from jaxlm.core.sched_output import SchedulerOutput
 from jaxlm.executor.distributed import place_inputs
@@ -71,6 +73,10 @@ from jaxlm.worker.step_programs import (
 logger = logging.getLogger(__name__)
 
 class ModelRunner:
+    # What execute_model(non_block=True) returns; the sampler (a speculative runner: the rejection sampler).
+    handle_cls = StepHandle
+    sampler_fn = staticmethod(sample)
+
     def __init__(self, config: EngineConfig, model: nnx.Module, mesh: jax.sharding.Mesh | None = None):
         self.config = config
         self.mesh = mesh
@@ -99,8 +105,10 @@ class ModelRunner:
         # No kernels, no decode flavour: an XLA step is the same program whatever its kind.
         self.decode_buckets = decode_buckets(self.token_buckets, sched.max_num_seqs) if c else []
         self.prompt_logprobs_buckets = prompt_logprobs_buckets(self.token_buckets)
+        spec = config.speculative_config
+        max_rows = max_sampled_rows(spec, sched.max_num_seqs, budget)  # > max_num_seqs: verify steps
         self.seq_buckets = validate_buckets(
-            comp.seq_buckets or default_seq_buckets(sched.max_num_seqs), sched.max_num_seqs, "sequence")
+            comp.seq_buckets or default_seq_buckets(sched.max_num_seqs, max_rows), max_rows, "sequence")
         # The hidden-state buffer the body hands to the sampler: the largest sequence bucket.
         self.sample_capacity = self.seq_buckets[-1]
 
@@ -109,7 +117,7 @@ class ModelRunner:
                                       page_multiple=c.page_multiple if c else 1)
         self.sampling = SamplingInputBuilder(
             self.vocab_size, sched.max_model_len, engine_seed=config.model_config.seed,
-            max_logprobs=config.model_config.max_logprobs, variants=SERVING_VARIANTS)
+            max_logprobs=config.model_config.max_logprobs, variants=SERVING_VARIANTS, speculative=spec is not None)
         self.prompt_logprobs = PromptLogprobsTracker()
         # Set by the engine before the first constrained request (it compiles at admission).
         self.grammars = GrammarRows()
@@ -195,7 +203,7 @@ class ModelRunner:
         return body
 
     def _sample_fn(self, num_rows: int, md: HostArrays) -> Callable:
-        merge, replicated, treedef = self._merge_for_sampler, self._replicated, self._param_treedef
+        merge, replicated, treedef, sampler = self._merge_for_sampler, self._replicated, self._param_treedef, self.sampler_fn
         layout, static = md.layout(), (md.variant, md.max_logprobs, md.num_candidates)
         pad = self.sample_capacity - num_rows
 
@@ -203,7 +211,7 @@ class ModelRunner:
             sampling_md = unpack_metadata(packed_md, layout, *static)
             model = merge(jax.tree.unflatten(treedef, leaves))
             logits = model.compute_logits(hidden[:num_rows])
-            out = sample(gathered(logits, replicated), sampling_md)
+            out = sampler(gathered(logits, replicated), sampling_md)
             # The next step's decode rows read their input ids from here (async scheduling).
             tokens = jnp.pad(out.sampled_token_ids, (0, pad))
             if replicated is not None:
@@ -221,8 +229,18 @@ class ModelRunner:
         return jax.ShapeDtypeStruct((size,), jnp.int32, sharding=self._replicated)
 
     def warm_up(self) -> None:
-        """Compile every program the buckets can ask for, ahead of serving."""
+        """Compile every program the buckets can ask for, ahead of serving (one progress bar;
+        a speculative runner's jobs include its draft model's programs)."""
         start = time.perf_counter()
+        jobs = self.compile_jobs()
+        for job in tqdm(jobs, desc="Compiling buckets", unit="program"):
+            job()
+        self.num_programs = len(jobs)
+        self.warmup_seconds = time.perf_counter() - start
+        logger.info("Compiled %d programs in %.1f s", self.num_programs, self.warmup_seconds)
+
+    def compile_jobs(self) -> list[Callable[[], None]]:
+        """One callable per program: each compiles it and keeps the executable."""
         spec = lambda tree: jax.tree.map(  # noqa: E731
             lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
         kv_spec, params_spec = spec(self.kv_caches), spec(self._param_leaves)
@@ -233,21 +251,22 @@ class ModelRunner:
         hidden_sel = jax.ShapeDtypeStruct(hidden_sel.shape, hidden_sel.dtype, sharding=self._replicated)
         self._last_tokens = self._put(np.zeros(self.sample_capacity, np.int32))
         tokens_spec = jax.ShapeDtypeStruct((self.sample_capacity,), jnp.int32, sharding=self._replicated)
-        jobs = [("body", (T, kind)) for kind, buckets in self.body_buckets().items() for T in buckets]
-        jobs += [("sample", (S, v)) for S in self.seq_buckets for v in self.sampling.variants()]
-        for what, key in tqdm(jobs, desc="Compiling buckets", unit="program"):
-            if what == "body":
-                lowered = body_jit(*key).lower(params_spec, kv_spec, self._abstract_packed(*key), tokens_spec)
-                self._body[key] = lowered.compile()
-            else:
-                S, variant = key
-                md = self.sampling.build_host([], S, variant)
-                md_spec = jax.ShapeDtypeStruct(md.packed().shape, jnp.int32, sharding=self._replicated)
-                fn = jax.jit(self._sample_fn(S, md))
-                self._sample[key] = fn.lower(params_spec, hidden_sel, md_spec).compile()
-        self.num_programs = len(self._body) + len(self._sample)
-        self.warmup_seconds = time.perf_counter() - start
-        logger.info("Compiled %d programs in %.1f s", self.num_programs, self.warmup_seconds)
+
+        def body(key: tuple[int, str]) -> None:
+            lowered = body_jit(*key).lower(params_spec, kv_spec, self._abstract_packed(*key), tokens_spec)
+            self._body[key] = lowered.compile()
+
+        def sampler(key: tuple[int, SamplerVariant]) -> None:
+            md = self.sampling.build_host([], *key)
+            md_spec = jax.ShapeDtypeStruct(md.packed().shape, jnp.int32, sharding=self._replicated)
+            self._sample[key] = jax.jit(self._sample_fn(key[0], md)).lower(params_spec, hidden_sel, md_spec).compile()
+
+        jobs = [functools.partial(body, (T, kind)) for kind, buckets in self.body_buckets().items() for T in buckets]
+        return jobs + [functools.partial(sampler, (S, v)) for S in self.sample_buckets() for v in self.sampling.variants()]
+
+    def sample_buckets(self) -> list[int]:
+        """The sequence buckets the sampler programs are compiled for."""
+        return self.seq_buckets
 
     # ---- one step -------------------------------------------------------------------------
 
@@ -293,7 +312,7 @@ class ModelRunner:
             self.step_timer.mark()
         inputs, hidden, prompt_rows, sampling, md_in = self._run_body(so)
         out, placed = self._dispatch_sampler(inputs, hidden, sampling, md_in)
-        return StepHandle(self, inputs, out, placed, prompt_rows)
+        return self.handle_cls(self, inputs, out, placed, prompt_rows)
 
     def _run_body(self, so: SchedulerOutput) -> tuple[StepInputs, jax.Array, Any, HostArrays | None, Any]:
         """Dispatch the step's body: its inputs, the sampling rows' hidden states, the raw prompt
@@ -352,12 +371,12 @@ class ModelRunner:
             if timer:
                 timer.lap("dispatch")
             return None, None
-        n, S = len(inputs.sample_req_ids), host_md.num_rows
+        S = host_md.num_rows
         if md_in is None:  # constrained: the mask is filled while the body runs, then sent
-            self.grammars.fill_bitmask(host_md.fields, inputs.sample_req_ids)
+            self.grammars.fill_bitmask(host_md.fields, inputs.sample_req_ids, host_md.spec_rows)
             md_in = self._place(host_md.packed())
         out, self._last_tokens = self._sample[(S, host_md.variant)](self._param_leaves, hidden, md_in)
-        self.padding.record_samples(n, S)
+        self.padding.record_samples(inputs.num_sampled_rows, S)
         placed = self.input_batch.append_placeholders(inputs.sample_req_ids)
         self.sampling.count_outputs(inputs.sample_req_ids)
         if timer:
