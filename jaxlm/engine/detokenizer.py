@@ -73,6 +73,9 @@ class IncrementalDetokenizer:
         self.output_token_ids: list[int] = []
         self.output_text = ""
         self.stop_reason: str | None = None
+        # Of the last update's tokens, how many came after the one completing a stop string
+        # (several tokens in one step: speculative decoding); they are not part of the output.
+        self.tokens_past_stop = 0
         self._last_output_text_offset = 0
         if not self.enabled:
             return
@@ -142,8 +145,17 @@ class IncrementalDetokenizer:
             # Stop strings may not end inside the first min_tokens tokens.
             if self.min_tokens and n_before + i + 1 <= self.min_tokens:
                 stop_check_offset = len(self.output_text)
+            elif self.stop and i + 1 < len(to_decode):  # the output ends with the token completing one
+                stop_str = self._check_stop(stop_check_offset)
+                if stop_str is not None:
+                    self.tokens_past_stop = len(new_token_ids) - i - 1
+                    del self.output_token_ids[n_before + i + 1:]
+                    return stop_str
         if not self.stop or len(self.output_token_ids) <= self.min_tokens:
             return None
+        return self._check_stop(stop_check_offset)
+
+    def _check_stop(self, stop_check_offset: int) -> str | None:
         found = check_stop_strings(self.output_text, len(self.output_text) - stop_check_offset,
                                    self.stop, self.include_stop_str_in_output)
         if found is None:

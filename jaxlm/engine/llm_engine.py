@@ -27,6 +27,7 @@ from jaxlm.core.outputs import FinishReason
 from jaxlm.outputs import CompletionOutput, RequestOutput
 from jaxlm.sample.builder import SamplingInputBuilder
 from jaxlm.sampling_params import SamplingParams
+from jaxlm.spec_decode.metrics import SpecDecodingLogging
 from jaxlm.spec_decode.setup import resolve_speculative_config
 from jaxlm.worker.bucket_planner import resolve_auto_buckets
 from jaxlm.structured_output.manager import StructuredOutputManager
@@ -88,6 +89,7 @@ class LLMEngine:
         self.generation_tokens_total = 0
         self._last_log = time.monotonic()
         self._last_log_tokens = (0, 0)
+        self._spec_logging = SpecDecodingLogging()
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs, *, multiprocess: bool = False) -> "LLMEngine":
@@ -325,6 +327,7 @@ class LLMEngine:
             "generation_tokens_total": self.generation_tokens_total,
             # A copy: the frontend reads it on another thread (vllm:iteration_tokens_total).
             "iteration_tokens": self.output_processor.iteration_tokens.snapshot(),
+            "spec_decoding": s.spec_decoding_stats,  # None unless the engine speculates
             "engines": list(engines),
         }
 
@@ -342,5 +345,6 @@ class LLMEngine:
             "Running: %d reqs, Waiting: %d reqs, KV cache usage: %.1f%%, Prefix cache hit rate: %.1f%%",
             (prompt_total - p0) / elapsed, (self.generation_tokens_total - g0) / elapsed,
             s["num_requests_running"], s["num_requests_waiting"], 100 * s["kv_cache_usage_perc"], 100 * hit_rate)
+        self._spec_logging.log(s["spec_decoding"], logger.info)
         self._last_log = now
         self._last_log_tokens = (prompt_total, self.generation_tokens_total)

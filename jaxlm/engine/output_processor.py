@@ -7,7 +7,7 @@ import dataclasses
 import time
 from typing import Any
 
-from jaxlm.core.outputs import EngineCoreOutput, FinishReason
+from jaxlm.core.outputs import EngineCoreOutput, FinishReason, LogprobsLists
 from jaxlm.engine.detokenizer import IncrementalDetokenizer
 from jaxlm.engine.logprobs import LogprobsProcessor, TokenDecoder
 from jaxlm.outputs import CompletionOutput, RequestOutput, RequestStateStats
@@ -135,19 +135,22 @@ class OutputProcessor:
                 continue
             self._update_stats(state.metrics, out, len(state.prompt_token_ids), now)
             state.num_cached_tokens = out.num_cached_tokens
-            state.token_ids.extend(out.new_token_ids)
-            state.logprobs.update_from_output(out.new_logprobs, out.new_prompt_logprobs)
+            new_ids, new_logprobs = out.new_token_ids, out.new_logprobs
             finish_reason = str(out.finish_reason) if out.finish_reason else None
             stop_reason = out.stop_reason
-            if state.detokenizer is not None and out.new_token_ids:
+            if state.detokenizer is not None and new_ids:
                 # A stop token (eos / stop_token_ids) that ended the request is not shown as text;
                 # a request a grammar ended with "stop" ends on an ordinary token.
                 stop_terminated = (out.finish_reason == FinishReason.STOP
-                                   and out.new_token_ids[-1] in state.params.all_stop_token_ids)
-                stop_str = state.detokenizer.update(out.new_token_ids, stop_terminated=stop_terminated)
+                                   and new_ids[-1] in state.params.all_stop_token_ids)
+                stop_str = state.detokenizer.update(new_ids, stop_terminated=stop_terminated)
                 if stop_str is not None and finish_reason is None:
                     finish_reason, stop_reason = str(FinishReason.STOP), stop_str
                     to_abort.append(out.req_id)
+                if stop_str is not None and state.detokenizer.tokens_past_stop:  # several tokens a step
+                    new_ids, new_logprobs = _up_to_stop(new_ids, new_logprobs, state.detokenizer.tokens_past_stop)
+            state.token_ids.extend(new_ids)
+            state.logprobs.update_from_output(new_logprobs, out.new_prompt_logprobs)
             if finish_reason is not None:
                 del self.request_states[out.req_id]
             ro = self._make_output(state, finish_reason, stop_reason)
@@ -198,3 +201,10 @@ class OutputProcessor:
             prompt_logprobs=prompt_logprobs, outputs=outputs, finished=all_done,
             metrics=state.metrics, num_cached_tokens=state.num_cached_tokens,
         )
+
+
+def _up_to_stop(token_ids: list[int], logprobs: LogprobsLists | None,
+                num_past: int) -> tuple[list[int], LogprobsLists | None]:
+    """A step's tokens (and logprob rows) up to the one that completed a stop string."""
+    keep = len(token_ids) - num_past
+    return token_ids[:keep], None if logprobs is None else logprobs.slice_request(0, keep)

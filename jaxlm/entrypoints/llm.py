@@ -56,6 +56,21 @@ class LLM:
     def get_tokenizer(self) -> Any:
         return self.llm_engine.tokenizer
 
+    def get_metrics(self) -> list[Any]:
+        """The engine's metrics now, as vLLM's metrics reader gives them (jaxlm.metrics.reader's
+        Counter / Gauge / Histogram / Vector objects): the engine-level series of /metrics,
+        speculative decoding's included."""
+        from prometheus_client import CollectorRegistry
+
+        from jaxlm.metrics.reader import get_metrics_snapshot
+        from jaxlm.serve.metrics import EngineStatsCollector, cache_config_info
+
+        engine = self.llm_engine
+        registry = CollectorRegistry()
+        registry.register(EngineStatsCollector(str(engine.model_config.model), engine.get_stats,
+                                               cache_config_info(engine.engine_config.cache_config)))
+        return get_metrics_snapshot(registry)
+
     def get_default_sampling_params(self) -> SamplingParams:
         """SamplingParams with the model's generation_config.json defaults (vLLM's name)."""
         return self.llm_engine.get_default_sampling_params()

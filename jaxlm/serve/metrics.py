@@ -26,6 +26,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.parser import text_string_to_metric_families
 
 from jaxlm.outputs import RequestStateStats
+from jaxlm.spec_decode.metrics import spec_decode_families
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -103,6 +104,7 @@ class EngineStatsCollector:
                         labels={**self.labels, "engine": str(index)}, value=float(getattr(engine, field))))
                 yield family
         yield self._iteration_tokens(stats.get("iteration_tokens"), names, values)
+        yield from spec_decode_families(stats, self.labels)
         info = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
                                  labels=list(self.cache_config_info))
         info.add_metric(list(self.cache_config_info.values()), 1.0)
