@@ -7,6 +7,7 @@
     python scripts/bench.py --sampling                        # decode with every sampling filter on vs greedy
     python scripts/bench.py --structured                      # decode under a JSON schema vs none, batch 1 and 16
     python scripts/bench.py --host-overhead                   # tiny model: ms per decode step at batch 1/8/64, by part
+    python scripts/bench.py --speculative-config '{"method": "ngram", "num_speculative_tokens": 4}'  # vs none
 
 Bucket configs: pow2 (the engine default), pow4, linear:STEP, a comma list of token buckets,
 tokens=A;seqs=B (each any of those), auto (derived by simulating the scheduler on the workload
@@ -250,6 +251,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--structured", action="store_true", help="decode under a JSON schema vs none")
     p.add_argument("--host-overhead", action="store_true",
                    help="ms per decode step of a tiny model at batch 1/8/64, by part, sync and async scheduling")
+    p.add_argument("--speculative-config", type=json.loads, default=None,
+                   help="compare speculative decoding (vLLM's JSON object) with none (scripts/bench_spec.py)")
+    p.add_argument("--spec-workload", choices=("copy", "random", "mixed"), default="copy")
+    p.add_argument("--spec-batch", type=int, default=1, help="max_num_seqs of the speculative comparison")
+    p.add_argument("--spec-also", type=json.loads, nargs="*", default=[],
+                   help="more speculating engines: fields over --speculative-config, e.g. '{\"disable_by_batch_size\": 16}'")
+    p.add_argument("--spec-reps", type=int, default=3, help="runs of each engine, in turn (medians)")
     p.add_argument("--workdir", default="/tmp/jaxlm_bench", help="scratch space (compile caches, GGUF export)")
     return p.parse_args(argv)
 
@@ -267,6 +275,18 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.sampling:
         bench_engine.bench_sampling(args.model, args.dtype)
+        return
+    if args.speculative_config is not None:
+        import bench_spec  # scripts/bench_spec.py
+
+        cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+        print(f"CPU {cpu}, {os.cpu_count()} cores, load average {os.getloadavg()}", flush=True)
+        res = bench_spec.bench_spec(args.model, args.speculative_config, args.spec_workload, args.spec_batch,
+                                    args.spec_also, args.spec_reps, args.dtype)
+        print(f"load average after: {os.getloadavg()}")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(res, f, indent=2)
         return
     vocab, tok, mc = _model_info(args)
     wl = _workload(args, vocab, tok)

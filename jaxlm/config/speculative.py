@@ -48,27 +48,27 @@ class SpeculativeConfig:
         if self.method is None:
             raise ValueError("speculative_config needs a method: one of " + ", ".join(SUPPORTED_METHODS))
         if not isinstance(self.method, str):
-            raise ValueError(f"speculative_config.method must be a string, got {self.method!r}")
+            raise ValueError(f"speculative_config.method must be a string, got {_show(self.method)}")
         if self.method in VLLM_OTHER_METHODS:
             raise ValueError(f"speculative_config.method={self.method!r} is not supported yet; jaxlm supports "
                              + ", ".join(SUPPORTED_METHODS))
         if self.method not in SUPPORTED_METHODS:
-            raise ValueError(f"Unknown speculative_config.method {self.method!r}; choose one of "
+            raise ValueError(f"Unknown speculative_config.method {_show(self.method)}; choose one of "
                              + ", ".join(SUPPORTED_METHODS))
         self.num_speculative_tokens = _positive_int("num_speculative_tokens", self.num_speculative_tokens,
                                                     required=True)
         for name in ("prompt_lookup_max", "prompt_lookup_min", "draft_tensor_parallel_size",
                      "disable_by_batch_size"):
             setattr(self, name, _positive_int(name, getattr(self, name)))
-        if self.method == "ngram":
-            self._ngram_defaults()
-        elif not isinstance(self.model, str) or not self.model:
-            raise ValueError("speculative_config.model (the draft model's path or name) is required "
-                             "for method='draft_model'")
         for name in ("model", "revision"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
-                raise ValueError(f"speculative_config.{name} must be a string, got {value!r}")
+                raise ValueError(f"speculative_config.{name} must be a string, got {_show(value)}")
+        if self.method == "ngram":
+            self._ngram_defaults()
+        elif not self.model:
+            raise ValueError("speculative_config.model (the draft model's path or name) is required "
+                             "for method='draft_model'")
 
     def _ngram_defaults(self) -> None:
         lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
@@ -93,7 +93,7 @@ class SpeculativeConfig:
         known = {f.name for f in dataclasses.fields(cls) if f.name != "draft_model_config"}
         unknown = sorted(set(value) - known)
         if unknown:
-            raise ValueError(f"Unknown speculative_config field(s): {', '.join(map(repr, unknown))}; "
+            raise ValueError(f"Unknown speculative_config field(s): {', '.join(map(_show, unknown[:5]))}; "
                              f"jaxlm's are {', '.join(sorted(known))}")
         return cls(**value)
 
@@ -129,5 +129,11 @@ def _positive_int(name: str, value: Any, required: bool = False) -> int | None:
     if isinstance(value, float) and math.isfinite(value) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"speculative_config.{name} must be a positive integer, got {value!r}")
+        raise ValueError(f"speculative_config.{name} must be a positive integer, got {_show(value)}")
     return value
+
+
+def _show(value: Any) -> str:
+    """A value for an error message, cut short (a field may hold megabytes)."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

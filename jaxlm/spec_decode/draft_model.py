@@ -61,15 +61,13 @@ class DraftModelRunner(ModelRunner):
         # step reads a token that is not on the host yet.
         self.same_mesh = mesh is target.mesh
         self.sampling = SamplingInputBuilder(self.vocab_size, self.max_model_len, variants=(_GREEDY,))
-        # Proposals sample at most one row per request.
-        self._sample_buckets = [b for b in self.seq_buckets if b <= pick_bucket(self.max_num_seqs, self.seq_buckets)]
+        # Proposals sample one row per request (sample_capacity stays the target's: the layout of
+        # the packed inputs the mirror shares).
+        self.seq_buckets = [b for b in self.seq_buckets if b <= pick_bucket(self.max_num_seqs, self.seq_buckets)]
         self._neutral_md: dict[int, np.ndarray] = {}
 
     def body_buckets(self) -> dict[str, list[int]]:
         return {MIXED: self.token_buckets}
-
-    def sample_buckets(self) -> list[int]:
-        return self._sample_buckets
 
     def mirror(self, inputs: StepInputs, prev_tokens: Any) -> None:
         """The target's step, on the draft: its K/V written where the target writes its own."""
@@ -84,7 +82,7 @@ class DraftModelRunner(ModelRunner):
         rows_a = np.asarray(rows, np.int64)
         R = len(rows)
         T = pick_bucket(R, self.token_buckets)
-        S = pick_bucket(R, self._sample_buckets)
+        S = pick_bucket(R, self.seq_buckets)
         md = self._neutral_md.get(S)
         if md is None:
             md = self._neutral_md[S] = self.sampling.build_host([], S, _GREEDY).packed()

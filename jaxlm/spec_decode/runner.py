@@ -58,12 +58,14 @@ class SpecModelRunner(ModelRunner):
         if self.drafter is not None:
             self.drafter.initialize_kv_cache(num_blocks, dtype)
 
-    def warm_up(self) -> None:
-        super().warm_up()
+    def compile_jobs(self) -> list:
+        """The draft model's programs compile under the same progress bar, counted in num_programs."""
+        jobs = super().compile_jobs()
         if self.drafter is not None:
-            self.drafter.warm_up()
-            self.num_programs += self.drafter.num_programs
-            self.warmup_seconds += self.drafter.warmup_seconds
+            draft_jobs = self.drafter.compile_jobs()
+            self.drafter.num_programs = len(draft_jobs)
+            jobs += draft_jobs
+        return jobs
 
     def execute_model(self, so: SchedulerOutput, non_block: bool = False) -> Any:
         if self.drafter is not None:

@@ -107,8 +107,8 @@ class ModelRunner:
         self.prompt_logprobs_buckets = prompt_logprobs_buckets(self.token_buckets)
         spec = config.speculative_config
         max_rows = max_sampled_rows(spec, sched.max_num_seqs, budget)  # > max_num_seqs: verify steps
-        self.seq_buckets = validate_buckets(
-            comp.seq_buckets or default_seq_buckets(sched.max_num_seqs, max_rows), max_rows, "sequence")
+        self.seq_buckets = validate_buckets(comp.seq_buckets or default_seq_buckets(sched.max_num_seqs, max_rows),
+                                            max_rows, "sequence" if spec is None else "sequence (1 + k rows a request)")
         # The hidden-state buffer the body hands to the sampler: the largest sequence bucket.
         self.sample_capacity = self.seq_buckets[-1]
 
@@ -229,8 +229,7 @@ class ModelRunner:
         return jax.ShapeDtypeStruct((size,), jnp.int32, sharding=self._replicated)
 
     def warm_up(self) -> None:
-        """Compile every program the buckets can ask for, ahead of serving (one progress bar;
-        a speculative runner's jobs include its draft model's programs)."""
+        """Compile every program the buckets can ask for, ahead of serving (one progress bar)."""
         start = time.perf_counter()
         jobs = self.compile_jobs()
         for job in tqdm(jobs, desc="Compiling buckets", unit="program"):
@@ -262,11 +261,7 @@ class ModelRunner:
             self._sample[key] = jax.jit(self._sample_fn(key[0], md)).lower(params_spec, hidden_sel, md_spec).compile()
 
         jobs = [functools.partial(body, (T, kind)) for kind, buckets in self.body_buckets().items() for T in buckets]
-        return jobs + [functools.partial(sampler, (S, v)) for S in self.sample_buckets() for v in self.sampling.variants()]
-
-    def sample_buckets(self) -> list[int]:
-        """The sequence buckets the sampler programs are compiled for."""
-        return self.seq_buckets
+        return jobs + [functools.partial(sampler, (S, v)) for S in self.seq_buckets for v in self.sampling.variants()]
 
     # ---- one step -------------------------------------------------------------------------
 
