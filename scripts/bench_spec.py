@@ -28,21 +28,33 @@ import numpy as np
 PARAGRAPHS = [
     "The river town woke slowly. Fishermen pushed their boats into the grey water while the baker "
     "stacked warm loaves by the open window. Children ran along the stone wall, counting the gulls "
-    "that circled the harbour, and an old dog slept in the sun beside the church door.",
+    "that circled the harbour, and an old dog slept in the sun beside the church door. By noon the "
+    "market square was full of voices: farmers sold apples and cheese, a man repaired shoes under a "
+    "striped umbrella, and the mayor walked from stall to stall, shaking hands and asking about the "
+    "harvest. When the bells rang at six, the shops closed one by one and the town grew quiet again.",
     "Photosynthesis turns light into chemical energy. In the leaves of a plant, chlorophyll absorbs "
     "sunlight, and the plant uses that energy to split water and combine carbon dioxide into sugar. "
-    "Oxygen is released as a by-product, which is why forests are often called the lungs of the earth.",
+    "Oxygen is released as a by-product, which is why forests are often called the lungs of the earth. "
+    "The sugar is stored as starch or used to build cellulose, the material of stems and leaves. "
+    "Without photosynthesis there would be no food for animals and almost no oxygen in the air, so "
+    "nearly every living thing depends on it, directly or through the food chain.",
     "Our team meeting is moved to Thursday at ten in the small conference room. Please bring the "
     "quarterly figures, the draft of the customer survey and any questions about the new schedule. "
-    "Lunch will be provided after the meeting, and the slides will be shared by email on Friday.",
+    "Lunch will be provided after the meeting, and the slides will be shared by email on Friday. "
+    "If you cannot attend, send your notes to the project manager before Wednesday evening so that "
+    "they can be discussed. The next meeting will take place in two weeks, at the same time and in "
+    "the same room, unless the calendar invitation says otherwise.",
     "To make a simple tomato soup, soften one chopped onion in olive oil, add two cloves of garlic "
     "and a kilogram of ripe tomatoes, then simmer for twenty minutes with a cup of stock. Blend until "
-    "smooth, season with salt and pepper, and serve with a spoon of cream and fresh basil.",
+    "smooth, season with salt and pepper, and serve with a spoon of cream and fresh basil. The soup "
+    "keeps for three days in the fridge and can be frozen for a month. For a richer taste, roast the "
+    "tomatoes in the oven for half an hour before adding them, and finish the soup with a little butter.",
 ]
 INSTRUCTIONS = [
     "Repeat the following paragraph exactly, word for word:\n\n{p}",
     "Copy this text without changing anything:\n\n{p}",
-    "Rewrite the following paragraph, changing only the first sentence:\n\n{p}",
+    "Here is a paragraph. Write it out again exactly as it is, but in the past tense where it is "
+    "in the present.\n\n{p}",
     "Here is a paragraph. Write it out again exactly as it is.\n\n{p}",
 ]
 
@@ -62,7 +74,7 @@ def _workload(name: str, tokenizer: Any, vocab: int, batch: int) -> tuple[list[l
     rng = np.random.default_rng(0)
     if name == "copy":
         prompts = copy_prompts(tokenizer)
-        return prompts, [160] * len(prompts), False
+        return prompts, [320] * len(prompts), False
     if name == "random":
         prompts = [rng.integers(100, vocab - 100, 128).tolist() for _ in range(max(4, batch))]
         return prompts, [128] * len(prompts), True

@@ -99,13 +99,13 @@ class ModelRunner:
         c = self.kernel_constraints
         comp = config.compilation_config
         budget = sched.max_num_batched_tokens
-        tokens = comp.token_buckets or default_token_buckets(budget)
+        spec = config.speculative_config
+        tokens = comp.token_buckets or default_token_buckets(budget, spec and 1 + spec.num_speculative_tokens)
         self.token_buckets = validate_buckets(
             [c.round_tokens(t) for t in tokens] if c else tokens, budget, "token")
         # No kernels, no decode flavour: an XLA step is the same program whatever its kind.
         self.decode_buckets = decode_buckets(self.token_buckets, sched.max_num_seqs) if c else []
         self.prompt_logprobs_buckets = prompt_logprobs_buckets(self.token_buckets)
-        spec = config.speculative_config
         max_rows = max_sampled_rows(spec, sched.max_num_seqs, budget)  # > max_num_seqs: verify steps
         self.seq_buckets = validate_buckets(comp.seq_buckets or default_seq_buckets(sched.max_num_seqs, max_rows),
                                             max_rows, "sequence" if spec is None else "sequence (1 + k rows a request)")
