@@ -69,11 +69,18 @@ class StepTimer:
         self._pending.clear()
 
 
+def model_runner(engine) -> Any:
+    """The engine's ModelRunner (older checkouts have no get_model_runner)."""
+    if hasattr(engine, "get_model_runner"):
+        return engine.get_model_runner()
+    return engine.executor.worker.model_runner
+
+
 def _instrument(engine) -> tuple[Any, list]:
     """Wrap the engine's parts with timers; returns (timer, list receiving each step's
     scheduled-token counts as (total tokens, requests))."""
     timer = StepTimer()
-    runner = engine.get_model_runner()
+    runner = model_runner(engine)
     scheduled: list[tuple[int, int]] = []
     sched = engine.scheduler
     schedule = sched.schedule
@@ -137,7 +144,7 @@ def measure_batch(llm, batch: int, prompt_len: int, output_len: int, skip: int =
 
     engine = llm.llm_engine
     timer, scheduled = _instrument(engine)
-    calls = _capture_programs(engine.get_model_runner()) if with_device else None
+    calls = _capture_programs(model_runner(engine)) if with_device else None
     vocab = engine.model_config.hf_config.vocab_size
     rng = np.random.default_rng(batch)
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
@@ -171,7 +178,7 @@ def measure_batch(llm, batch: int, prompt_len: int, output_len: int, skip: int =
     res = {"batch": batch, "steps": len(step_times), "ms_median": 1e3 * statistics.median(step_times),
            "ms_mean": 1e3 * total / len(step_times), "shares": shares}
     if calls is not None:  # the last step was a decode step of this batch (ignore_eos, same length)
-        res["device_ms"] = device_ms(engine.get_model_runner(), calls)
+        res["device_ms"] = device_ms(model_runner(engine), calls)
     return res
 
 

@@ -12,10 +12,20 @@ max_tokens and max_model_len are checked against the placeholders, so no step is
 
 from __future__ import annotations
 
-from jaxlm.core.request import Request
+import itertools
+import operator
+
+import numpy as np
+
+from jaxlm.core.request import Request, RequestStatus
 from jaxlm.core.scheduler import Scheduler
 from jaxlm.core.sched_output import SchedulerOutput
+from jaxlm.core.step_update import gather, set_all
 from jaxlm.sampling_params import SamplingParams
+
+_placeholders = operator.attrgetter("num_output_placeholders")
+_computed = operator.attrgetter("num_computed_tokens")
+_all_tokens = operator.attrgetter("all_token_ids")
 
 
 def needs_host_in_loop(params: SamplingParams) -> bool:
@@ -46,13 +56,20 @@ class AsyncScheduler(Scheduler):
         return bool(self.host_loop_req_ids) or speculating
 
     def _update_after_schedule(self, output: SchedulerOutput) -> None:
-        spec = output.scheduled_spec_decode_tokens
-        for rid, n in output.num_scheduled_tokens.items():
-            request = self.requests[rid]
-            request.num_computed_tokens += n
-            num_drafts = len(spec[rid]) if rid in spec else 0
-            if request.num_computed_tokens - num_drafts == request.num_tokens + request.num_output_placeholders:
-                request.num_output_placeholders += 1  # it samples: that token is in flight
+        scheduled = output.num_scheduled_tokens
+        reqs = list(map(self.requests.__getitem__, scheduled))
+        computed = gather(_computed, reqs) + np.fromiter(scheduled.values(), np.int64, len(reqs))
+        placeholders = gather(_placeholders, reqs)
+        num_tokens = np.fromiter(map(len, map(_all_tokens, reqs)), np.int64, len(reqs))
+        sampled_upto = computed
+        if output.scheduled_spec_decode_tokens:  # a verify step samples where its drafts start
+            spec = output.scheduled_spec_decode_tokens
+            sampled_upto = computed - np.fromiter(map(len, map(spec.get, scheduled, itertools.repeat(()))),
+                                                  np.int64, len(reqs))
+        # A request whose computed tokens reach its end samples: that token is in flight.
+        placeholders += sampled_upto == num_tokens + placeholders
+        set_all(reqs, "num_computed_tokens", computed.tolist())
+        set_all(reqs, "num_output_placeholders", placeholders.tolist())
 
     def _num_tokens_to_compute(self, request: Request) -> int:
         # Nothing more once the tokens in flight reach the request's limit.
@@ -64,19 +81,20 @@ class AsyncScheduler(Scheduler):
     def _skip_quietly(self, request: Request) -> bool:
         return request.num_output_placeholders > 0
 
-    def _advance_computed(self, request: Request, num_scheduled: int) -> None:
+    def _advance_computed_batch(self, requests: list[Request], num_scheduled: np.ndarray) -> None:
         pass  # counted by _update_after_schedule
 
-    def _takes_output(self, request: Request) -> bool:
+    def _takes_output_mask(self, statuses: np.ndarray) -> np.ndarray:
         # A request preempted after this step was dispatched still gets the token it sampled.
-        return not request.is_finished()
+        return statuses <= RequestStatus.PREEMPTED
 
-    def _is_partial(self, request: Request) -> bool:
-        return False  # the runner samples only rows that reached their last token
+    def _partial_mask(self, num_computed: np.ndarray, num_tokens: np.ndarray) -> np.ndarray:
+        return np.zeros(len(num_computed), bool)  # the runner samples only rows that reached their last token
 
-    def _token_arrived(self, request: Request, sampled: bool) -> None:
-        if sampled and request.num_output_placeholders > 0:
-            request.num_output_placeholders -= 1
+    def _tokens_arrived_batch(self, requests: list[Request], sampled: np.ndarray) -> None:
+        arrived = list(itertools.compress(requests, sampled))
+        left = gather(_placeholders, arrived)
+        set_all(arrived, "num_output_placeholders", np.maximum(left - 1, 0).tolist())
 
     def _preempt(self, request: Request) -> None:
         super()._preempt(request)

@@ -10,19 +10,25 @@ decoding adds draft tokens to running decode requests (core/spec_decode.py).
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
+import operator
 import time
 from typing import Iterable
 
+import numpy as np
+
 from jaxlm.config import CacheConfig, SchedulerConfig, SpeculativeConfig
+from jaxlm.core import step_update
 from jaxlm.core.kv_cache_manager import KVCacheManager
-from jaxlm.core.outputs import EngineCoreOutput, FinishReason, ModelRunnerOutput
+from jaxlm.core.outputs import EngineCoreOutput, EngineCoreOutputBatch, FinishReason, ModelRunnerOutput
 from jaxlm.core.request import Request, RequestStatus
 from jaxlm.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
 from jaxlm.core.spec_decode import SpecDecodeScheduling
 from jaxlm.core.stats import SchedulerStats
 
 logger = logging.getLogger(__name__)
+_computed = operator.attrgetter("num_computed_tokens")
 
 
 class Scheduler:
@@ -120,14 +126,6 @@ class Scheduler:
 
     def _num_tokens_to_compute(self, request: Request) -> int:
         return request.num_tokens - request.num_computed_tokens
-
-    def _advance_computed(self, request: Request, num_scheduled: int) -> None:
-        """A step's tokens are computed (sync: counted when its output comes back)."""
-        request.num_computed_tokens += num_scheduled
-
-    def _takes_output(self, request: Request) -> bool:
-        """Whether a step's output still applies to this request (sync: running ones only)."""
-        return request.status == RequestStatus.RUNNING
 
     def _lookahead(self, request: Request, num_new_tokens: int) -> int:
         return self.spec.lookahead(request, num_new_tokens, self.max_model_len) if self._spec_step else 0
@@ -244,101 +242,41 @@ class Scheduler:
 
     def update_from_output(
         self, scheduler_output: SchedulerOutput, model_runner_output: ModelRunnerOutput
-    ) -> list[EngineCoreOutput]:
-        outputs, self._pending_outputs = self._pending_outputs, []
-        req_index = model_runner_output.req_id_to_index
-        kv = self.kv_cache_manager
-        finished: set[str] = set()
-        for rid, num_scheduled in scheduler_output.num_scheduled_tokens.items():
-            request = self.requests.get(rid)
-            if request is None or not self._takes_output(request):
-                continue  # aborted (or finished) while the step ran
-            self._advance_computed(request, num_scheduled)
-            i = req_index.get(rid)
-            drafts = scheduler_output.scheduled_spec_decode_tokens.get(rid)
-            if rid in model_runner_output.failed_req_ids:
-                request.status = RequestStatus.FINISHED_ERROR  # its blocks stay out of the prefix cache
-                sampled = []
-            else:
-                sampled = model_runner_output.sampled_token_ids[i] if i is not None else []
-                if drafts:  # rejected drafts' positions are not computed: roll them back
-                    num_accepted = max(len(sampled) - 1, 0)
-                    request.num_computed_tokens -= len(drafts) - num_accepted
-                    self.spec.observe(len(drafts), num_accepted)
-                kv.cache_blocks(request, min(request.num_computed_tokens, request.num_tokens))
-                self._token_arrived(request, bool(sampled))
-            if self._is_partial(request):
-                sampled = []  # a partial prefill chunk: its token (if any) is not a real sample
-            new_token_ids: list[int] = []
-            for token_id in sampled:
-                request.append_output_token_ids(int(token_id))
-                new_token_ids.append(int(token_id))
-                if self._check_stop(request):
-                    break
-            if new_token_ids and rid in model_runner_output.grammar_terminated_req_ids:
-                # The constrained output is complete: "stop", even over ignore_eos/min_tokens/length.
-                request.status = RequestStatus.FINISHED_STOPPED
-            new_logprobs = None
-            if new_token_ids and model_runner_output.logprobs is not None:
-                new_logprobs = model_runner_output.logprobs.slice_request(i, len(new_token_ids))
-            prompt_logprobs = model_runner_output.prompt_logprobs.get(rid)
-            finished_now = request.status > RequestStatus.PREEMPTED
-            if finished_now:
-                finished.add(rid)
-            else:  # drafts proposed after this step's tokens (none: a plain decode step next)
-                spec = model_runner_output.spec_token_ids
-                request.spec_token_ids = spec[i] if spec is not None and i is not None else []
-            if new_token_ids or prompt_logprobs is not None or finished_now:
-                outputs.append(
-                    EngineCoreOutput(
-                        req_id=rid,
-                        new_token_ids=new_token_ids,
-                        finish_reason=request.get_finished_reason() if finished_now else None,
-                        stop_reason=request.stop_reason,
-                        new_logprobs=new_logprobs,
-                        new_prompt_logprobs=prompt_logprobs,
-                        num_cached_tokens=max(request.num_cached_tokens, 0),
-                        scheduled_ts=request.scheduled_ts,
-                    )
-                )
-        if finished:
-            # One O(running) pass instead of a list.remove per finished request.
-            self.running = [r for r in self.running if r.request_id not in finished]
-            for rid in finished:
-                request = self.requests[rid]
-                if request in self.waiting:  # async: preempted while its last token was in flight
-                    self.waiting.remove(request)
-                self._free_finished(request)
-        return outputs
+    ) -> EngineCoreOutputBatch:
+        """Apply a step's tokens to its requests (over arrays: core/step_update.py)."""
+        return step_update.update_from_output(self, scheduler_output, model_runner_output)
+
+    # Batch hooks of update_from_output (AsyncScheduler overrides them).
+
+    def _advance_computed_batch(self, requests: list[Request], num_scheduled: np.ndarray) -> None:
+        """A step's tokens are computed (sync: counted when its output comes back)."""
+        computed = np.fromiter(map(_computed, requests), np.int64, len(requests)) + num_scheduled
+        step_update.set_all(requests, "num_computed_tokens", computed.tolist())
+
+    def _takes_output_mask(self, statuses: np.ndarray) -> np.ndarray:
+        """Whether a step's output still applies to each request (sync: running ones only)."""
+        return statuses == RequestStatus.RUNNING
+
+    def _partial_mask(self, num_computed: np.ndarray, num_tokens: np.ndarray) -> np.ndarray:
+        """Requests whose step was a prompt chunk short of its end: their token is no sample."""
+        return num_computed < num_tokens
+
+    def _tokens_arrived_batch(self, requests: list[Request], sampled: np.ndarray) -> None:
+        """A step's output for these requests is in (async: one in-flight token fewer)."""
 
     def _skip_quietly(self, request: Request) -> bool:
         """A running request with nothing to compute that is expected (async: its last token
         is in flight)."""
         return False
 
-    def _is_partial(self, request: Request) -> bool:
-        return request.num_computed_tokens < request.num_tokens
-
-    def _token_arrived(self, request: Request, sampled: bool) -> None:
-        """A step's output for this request is in (async: one in-flight token fewer)."""
-
-    def _check_stop(self, request: Request) -> bool:
-        """After appending one token: eos, stop token ids, max_tokens, max_model_len."""
-        token_id = request.output_token_ids[-1]
-        sp = request.sampling_params
-        # min_tokens holds back eos and stop ids alike (vLLM), never the length limits.
-        if request.num_output_tokens >= sp.min_tokens:
-            if not sp.ignore_eos and token_id == request.eos_token_id:
-                request.status = RequestStatus.FINISHED_STOPPED
-                return True
-            if token_id in request.stop_token_ids:
-                request.status = RequestStatus.FINISHED_STOPPED
-                request.stop_reason = token_id
-                return True
-        if request.num_output_tokens >= request.max_tokens or request.num_tokens >= self.max_model_len:
-            request.status = RequestStatus.FINISHED_LENGTH_CAPPED
-            return True
-        return False
+    def _remove_finished(self, finished: list[Request], was_preempted: list[Request]) -> None:
+        """Drop requests the step finished from the running list (and, async, the waiting queue)."""
+        # One O(running) pass instead of a list.remove per finished request.
+        self.running = list(itertools.filterfalse(set(finished).__contains__, self.running))
+        for request in was_preempted:  # async: preempted while its last token was in flight
+            self.waiting.remove(request)
+        for request in finished:
+            self._free_finished(request)
 
     # -- finishing -------------------------------------------------------------------------
 
@@ -399,3 +337,4 @@ class Scheduler:
             num_preemptions=self.num_preemptions,
             spec_decoding_stats=self.spec.stats.copy() if self.spec is not None else None,
         )
+

@@ -13,9 +13,17 @@ proposes nothing and gets none.
 
 from __future__ import annotations
 
+import itertools
+import operator
+
+import numpy as np
+
 from jaxlm.config.speculative import SpeculativeConfig
 from jaxlm.core.request import Request
 from jaxlm.core.stats import SpecDecodingStats
+from jaxlm.core.step_update import gather, set_all
+
+_computed = operator.attrgetter("num_computed_tokens")
 
 
 class SpecDecodeScheduling:
@@ -49,5 +57,26 @@ class SpecDecodeScheduling:
         room = max_model_len - request.num_computed_tokens - num_new_tokens
         return max(0, min(self.num_lookahead_tokens, room))
 
-    def observe(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
-        self.stats.observe_draft(num_draft_tokens, num_accepted_tokens)
+    def roll_back(self, reqs: list[Request], ids: list[str], spec_tokens: dict[str, list[int]],
+                  num_sampled: np.ndarray, ok: np.ndarray) -> None:
+        """After a verify step (computed counts already advanced by 1 + drafts): the rejected
+        drafts' positions are not computed. num_sampled: each request's tokens from the runner
+        (accepted drafts + 1); ok: not failed (only those count in the stats)."""
+        n_drafts = np.fromiter(map(len, map(spec_tokens.get, ids, itertools.repeat(()))), np.int64, len(ids))
+        has = np.flatnonzero(n_drafts)
+        if not len(has):
+            return
+        accepted = np.clip(num_sampled[has] - 1, 0, n_drafts[has])
+        sub = [reqs[i] for i in has.tolist()]
+        set_all(sub, "num_computed_tokens", (gather(_computed, sub) - n_drafts[has] + accepted).tolist())
+        counted = ok[has]
+        self.stats.observe_drafts(n_drafts[has][counted], accepted[counted])
+
+    @staticmethod
+    def take_drafts(reqs: list[Request], rows: np.ndarray, spec_token_ids: list[list[int]] | None) -> None:
+        """The runner's proposals for the next step (rows: each request's index in the runner's
+        output, -1 if absent). Nothing proposed: the scheduled drafts were already cleared."""
+        if spec_token_ids is None:
+            return
+        drafts = list(spec_token_ids) + [[]]  # row -1: none
+        set_all(reqs, "spec_token_ids", list(map(drafts.__getitem__, rows.tolist())))

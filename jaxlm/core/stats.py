@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 
 @dataclasses.dataclass
 class PrefixCacheStats:
@@ -42,6 +44,17 @@ class SpecDecodingStats:
         self.num_accepted_tokens += num_accepted_tokens
         for i in range(num_accepted_tokens):
             self.num_accepted_tokens_per_pos[i] += 1
+
+    def observe_drafts(self, num_draft_tokens: np.ndarray, num_accepted_tokens: np.ndarray) -> None:
+        """Many drafts at once (one per speculating request of a step)."""
+        self.num_drafts += len(num_draft_tokens)
+        self.num_draft_tokens += int(num_draft_tokens.sum())
+        self.num_accepted_tokens += int(num_accepted_tokens.sum())
+        k = len(self.num_accepted_tokens_per_pos)
+        # Drafts with more than j accepted tokens, for each position j.
+        more = np.cumsum(np.bincount(np.minimum(num_accepted_tokens, k), minlength=k + 1)[::-1])[::-1]
+        for j in range(k):
+            self.num_accepted_tokens_per_pos[j] += int(more[j + 1])
 
     def copy(self) -> "SpecDecodingStats":
         return dataclasses.replace(self, num_accepted_tokens_per_pos=list(self.num_accepted_tokens_per_pos))

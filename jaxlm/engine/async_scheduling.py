@@ -30,13 +30,13 @@ class AsyncStepDriver:
     def has_in_flight(self) -> bool:
         return self._in_flight is not None
 
-    def _finish(self, update: Callable[[SchedulerOutput, Any], list]) -> list:
+    def _finish(self, update: Callable[[SchedulerOutput, Any], Any]) -> list:
         so, handle = self._in_flight
         self._in_flight = None
-        return update(so, handle.result())
+        return [update(so, handle.result())]
 
-    def step(self, update: Callable[[SchedulerOutput, Any], list]) -> list:
-        """One engine step; returns what `update` returned for each step that completed."""
+    def step(self, update: Callable[[SchedulerOutput, Any], Any]) -> list:
+        """One engine step; returns what `update` returned for each step that completed, in order."""
         outputs: list = []
         if self._in_flight is not None and self.scheduler.needs_sync_step():
             outputs += self._finish(update)

@@ -16,6 +16,7 @@ from typing import Any, Iterable
 
 from jaxlm.config import EngineConfig
 from jaxlm.core.async_scheduler import AsyncScheduler
+from jaxlm.core.outputs import EngineCoreOutputBatch
 from jaxlm.core.request import Request, RequestStatus
 from jaxlm.core.scheduler import Scheduler
 from jaxlm.core.stats import SchedulerStats
@@ -120,7 +121,7 @@ class EngineCore:
         """One engine step: schedule -> execute -> update; the outputs and the stats after it."""
         failed: dict[str, str] = {}
 
-        def update(scheduler_output, runner_output) -> list:
+        def update(scheduler_output, runner_output) -> EngineCoreOutputBatch:
             failed.update(runner_output.failed_req_ids)
             outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
             if self._deferred:
@@ -128,7 +129,7 @@ class EngineCore:
             return outputs
 
         if self._async_driver is not None:
-            outputs = self._async_driver.step(update)
+            outputs = EngineCoreOutputBatch.concat(self._async_driver.step(update) or [EngineCoreOutputBatch()])
         else:
             scheduler_output = self.scheduler.schedule()
             outputs = update(scheduler_output, self.executor.execute_model(scheduler_output))
@@ -151,10 +152,12 @@ class EngineCore:
             raise QueueFullError(
                 f"The waiting queue is full ({sched.max_num_queued_reqs} requests); try again later")
 
-    def _release_siblings(self, core_outputs: list) -> None:
-        for out in core_outputs:
-            if (out.new_token_ids or out.finished) and out.req_id in self._deferred:
-                for sibling in self._deferred.pop(out.req_id):
+    def _release_siblings(self, outputs: EngineCoreOutputBatch) -> None:
+        index = dict(zip(outputs.req_ids, range(len(outputs))))
+        for first in [r for r in self._deferred if r in index]:
+            i = index[first]
+            if outputs.num_new_tokens[i] or i in outputs.finish_reasons:
+                for sibling in self._deferred.pop(first):
                     self.scheduler.add_request(sibling)
 
     def _init_structured_output(self) -> None:

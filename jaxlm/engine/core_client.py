@@ -254,9 +254,8 @@ class SyncMPClient(EngineCoreClient):
             core.num_adds_seen = batch.num_adds_seen
             if batch.scheduler_stats is not None:
                 core.stats = batch.scheduler_stats
-            for out in batch.outputs:
-                if out.finished:
-                    self._owner.pop(out.req_id, None)
+            for req_id in batch.outputs.finished_req_ids():
+                self._owner.pop(req_id, None)
             for rejection in batch.rejected:
                 self._owner.pop(rejection.request_id, None)
             batches.append(batch)

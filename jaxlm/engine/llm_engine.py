@@ -245,11 +245,15 @@ class LLMEngine:
                 self._note_error(core_id, why)
             for rejection in batch.rejected:
                 routed.extend(self._reject(rejection))
-            self.generation_tokens_total += sum(len(o.new_token_ids) for o in batch.outputs)
-            batch_routed, to_abort = self._process_outputs(batch.outputs)
-            if to_abort:  # stop strings end requests the core still thinks are running
-                self.engine_core.abort_requests(to_abort)
-            routed.extend(batch_routed)
+            self.generation_tokens_total += len(batch.outputs.new_token_ids)
+            processed = self.output_processor.process_outputs(batch.outputs)
+            if processed.to_abort:  # stop strings end requests the core still thinks are running
+                self.engine_core.abort_requests(processed.to_abort)
+            routed.extend(processed.routed)
+            # A failure in one request's detokenization, stop strings or logprobs fails that
+            # request alone (FinishReason.ERROR).
+            for core_id, why in processed.failed.items():
+                routed.extend(self._fail_request(core_id, why))
         for internal_id, out in routed:
             if out.finished:
                 self._live_ids.discard(internal_id)
@@ -268,23 +272,6 @@ class LLMEngine:
         """Why a request that finished with finish_reason "error" failed (once; None if it did
         not): a message, or the exception its caller gets (a core process refused the add)."""
         return self._request_errors.pop(internal_id, None)
-
-    def _process_outputs(self, core_outputs: list) -> tuple[list[tuple[str, RequestOutput]], list[str]]:
-        """The output processor one request at a time: a failure in one request's detokenization,
-        stop strings or logprobs fails that request alone (FinishReason.ERROR)."""
-        routed: list[tuple[str, RequestOutput]] = []
-        to_abort: list[str] = []
-        for out in core_outputs:
-            try:
-                one_routed, one_abort = self.output_processor.process_outputs([out])
-            except Exception as e:  # noqa: BLE001 - attributed to this request only
-                logger.exception("request %s: processing its output failed", out.req_id)
-                failed = self._fail_request(out.req_id, f"{type(e).__name__}: {e}")
-                routed.extend(failed)
-                continue
-            routed.extend(one_routed)
-            to_abort.extend(one_abort)
-        return routed, to_abort
 
     def _routing_id(self, core_id: str) -> str:
         state = self.output_processor.request_states.get(core_id)

@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from jaxlm.core.outputs import EngineCoreOutput
+from jaxlm.core.outputs import EngineCoreOutputBatch
 from jaxlm.core.stats import SchedulerStats
 from jaxlm.sampling_params import SamplingParams
 
@@ -53,7 +53,8 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True):
     """One batch from a core: a step's outputs, and the core's load and stats after it."""
 
     engine_index: int = 0
-    outputs: list[EngineCoreOutput] = []
+    # The step's outputs, columnar (see EngineCoreOutputBatch).
+    outputs: EngineCoreOutputBatch = msgspec.field(default_factory=EngineCoreOutputBatch)
     # Core request id -> why its host-side work failed this step (it finished with "error").
     failed: dict[str, str] = {}
     rejected: list[EngineCoreRejection] = []

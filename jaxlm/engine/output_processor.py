@@ -1,17 +1,30 @@
-"""OutputProcessor: EngineCoreOutputs -> RequestOutputs (detokenize, stop strings, logprobs, n > 1)."""
+"""OutputProcessor: EngineCoreOutputs -> RequestOutputs (detokenize, stop strings, logprobs, n > 1).
+
+A step's EngineCoreOutputBatch is applied as a batch: token ids are appended and the
+per-request flags read through `map` (no bytecode per request), and a Python loop runs only
+over the requests that stream text, watch stop strings, want logprobs, or finish. A final-only
+output (LLM.generate) without stop strings is detokenized when it finishes, not every step.
+"""
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
+import itertools
+import logging
+import operator
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
-from jaxlm.core.outputs import EngineCoreOutput, FinishReason, LogprobsLists
+import numpy as np
+
+from jaxlm.core.outputs import EngineCoreOutput, EngineCoreOutputBatch, FinishReason, slice_logprobs
 from jaxlm.engine.detokenizer import IncrementalDetokenizer
 from jaxlm.engine.logprobs import LogprobsProcessor, TokenDecoder
 from jaxlm.outputs import CompletionOutput, RequestOutput, RequestStateStats
 from jaxlm.sampling_params import RequestOutputKind, SamplingParams
+
+logger = logging.getLogger(__name__)
 
 
 # vllm:iteration_tokens_total bucket bounds (vLLM's).
@@ -49,6 +62,17 @@ class ParentRequest:
     finished: set[int] = dataclasses.field(default_factory=set)
 
 
+class ProcessedOutputs(NamedTuple):
+    """What a step's outputs became: (internal routing id, RequestOutput) pairs for the callers
+    (a parent's id for n > 1), the core ids a stop string ended (the core must abort them), and
+    core id -> why for requests whose output processing failed (the engine finishes each alone
+    with FinishReason.ERROR)."""
+
+    routed: list[tuple[str, RequestOutput]]
+    to_abort: list[str]
+    failed: dict[str, str]
+
+
 class RequestState:
     def __init__(self, request_id: str, external_req_id: str, prompt: str | None, prompt_token_ids: list[int],
                  params: SamplingParams, tokenizer: Any, arrival_time: float,
@@ -66,6 +90,27 @@ class RequestState:
         self.sent_tokens = 0
         self.metrics = RequestStateStats(arrival_time=arrival_time, queued_ts=time.time())
         self.num_cached_tokens = 0
+        self.final_only = params.output_kind == RequestOutputKind.FINAL_ONLY
+        # Work per step: detokenize as tokens arrive (streamed text, or stop strings to watch).
+        # A final-only output without stop strings decodes at its end, the same algorithm over
+        # the same tokens (see detokenize_rest), so its steps only append token ids.
+        self.detokenize_each_step = self.detokenizer is not None and (not self.final_only or bool(params.stop))
+        self.wants_logprobs = self.logprobs.logprobs is not None
+        # Any per-step work besides appending token ids (else only finishing touches it).
+        self.works_each_step = self.detokenize_each_step or not self.final_only
+        self._num_detokenized = 0  # token_ids already given to the detokenizer
+
+    def detokenize(self, stop_terminated: bool) -> str | None:
+        """Feed the detokenizer the tokens it has not seen; the stop string found, if any."""
+        new = self.token_ids[self._num_detokenized:]
+        self._num_detokenized = len(self.token_ids)
+        stop_str = self.detokenizer.update(new, stop_terminated=stop_terminated)
+        past = self.detokenizer.tokens_past_stop
+        if stop_str is not None and past:  # several tokens a step: none past the stop string
+            del self.token_ids[-past:]
+            self._num_detokenized = len(self.token_ids)
+            self.logprobs.truncate(len(self.token_ids))
+        return stop_str
 
     def completion(self, finish_reason: str | None, stop_reason: Any, delta: bool) -> CompletionOutput:
         finished = finish_reason is not None
@@ -121,62 +166,102 @@ class OutputProcessor:
                 core_ids.append(req_id)
         return core_ids
 
-    def process_outputs(self, outputs: list[EngineCoreOutput]
-                        ) -> tuple[list[tuple[str, RequestOutput]], list[str]]:
-        """Returns ((internal id, output) pairs to hand to the callers, core ids to abort: stop
-        strings). The internal id is the parent's for n > 1."""
+    def process_outputs(self, batch: EngineCoreOutputBatch | list[EngineCoreOutput]) -> ProcessedOutputs:
+        """One step's outputs -> the RequestOutputs to hand to callers (see ProcessedOutputs)."""
+        if isinstance(batch, list):
+            batch = EngineCoreOutputBatch.from_outputs(batch)
+        n = len(batch)
+        result = ProcessedOutputs([], [], {})
+        if not n:
+            return result
         now = time.time()
-        request_outputs: list[tuple[str, RequestOutput]] = []
-        to_abort: list[str] = []
         prompt_tokens_done = self.num_prompt_tokens_done
-        for out in outputs:
-            state = self.request_states.get(out.req_id)
-            if state is None:  # aborted meanwhile
-                continue
-            self._update_stats(state.metrics, out, len(state.prompt_token_ids), now)
-            state.num_cached_tokens = out.num_cached_tokens
-            new_ids, new_logprobs = out.new_token_ids, out.new_logprobs
-            finish_reason = str(out.finish_reason) if out.finish_reason else None
-            stop_reason = out.stop_reason
-            if state.detokenizer is not None and new_ids:
-                # A stop token (eos / stop_token_ids) that ended the request is not shown as text;
-                # a request a grammar ended with "stop" ends on an ordinary token.
-                stop_terminated = (out.finish_reason == FinishReason.STOP
-                                   and new_ids[-1] in state.params.all_stop_token_ids)
-                stop_str = state.detokenizer.update(new_ids, stop_terminated=stop_terminated)
-                if stop_str is not None and finish_reason is None:
-                    finish_reason, stop_reason = str(FinishReason.STOP), stop_str
-                    to_abort.append(out.req_id)
-                if stop_str is not None and state.detokenizer.tokens_past_stop:  # several tokens a step
-                    new_ids, new_logprobs = _up_to_stop(new_ids, new_logprobs, state.detokenizer.tokens_past_stop)
-            state.token_ids.extend(new_ids)
-            state.logprobs.update_from_output(new_logprobs, out.new_prompt_logprobs)
-            if finish_reason is not None:
-                del self.request_states[out.req_id]
-            ro = self._make_output(state, finish_reason, stop_reason)
-            if ro is not None:
-                request_outputs.append((state.parent.request_id if state.parent else state.request_id, ro))
-        self.iteration_tokens.observe(self.num_prompt_tokens_done - prompt_tokens_done
-                                      + sum(len(o.new_token_ids) for o in outputs))
-        return request_outputs, to_abort
+        states = list(map(self.request_states.get, batch.req_ids))
+        counts = batch.num_new_tokens
+        offsets = batch.token_offsets()
+        live = np.ones(n, bool)
+        if None in states:  # aborted meanwhile
+            live = np.fromiter(map(operator.is_not, states, itertools.repeat(None)), bool, n)
+        got = np.flatnonzero(live & (counts > 0)).tolist()
+        sub = states if len(got) == n else list(map(states.__getitem__, got))
+        if got:
+            self._append_tokens(sub, got, batch.new_token_ids.tolist(), offsets, now)
+        for i, cached in batch.num_cached_tokens.items():  # with a request's first tokens
+            if states[i] is not None:
+                states[i].num_cached_tokens = cached
+                if counts[i] and states[i].metrics.first_token_ts is None:
+                    self.update_stats_first(states[i], now)
+        for i, ts in batch.scheduled_ts.items():
+            if states[i] is not None and states[i].metrics.scheduled_ts is None:
+                states[i].metrics.scheduled_ts = ts
+        if batch.new_logprobs is not None and got:
+            wants = np.fromiter(map(_wants_logprobs, sub), bool, len(sub))
+            for i in itertools.compress(got, wants):
+                states[i].logprobs.update_from_output(
+                        slice_logprobs(batch.new_logprobs, int(offsets[i]), int(offsets[i + 1])))
+        for i, lp in batch.new_prompt_logprobs.items():
+            if states[i] is not None:
+                states[i].logprobs.update_from_output(None, lp)
+        # The requests with work beyond the appends: streamed text, stop strings, finishes.
+        step_work = np.zeros(n, bool)
+        if got:
+            step_work[got] = np.fromiter(map(_works_each_step, sub), bool, len(got))
+        step_work[list(batch.finish_reasons)] = True
+        step_work[list(batch.new_prompt_logprobs)] = True
+        for i in np.flatnonzero(step_work & live).tolist():
+            try:
+                self._finish_one(states[i], batch, i, int(counts[i]), result)
+            except Exception as e:  # noqa: BLE001 - attributed to this request only
+                logger.exception("request %s: processing its output failed", batch.req_ids[i])
+                result.failed[batch.req_ids[i]] = f"{type(e).__name__}: {e}"
+        self.iteration_tokens.observe(self.num_prompt_tokens_done - prompt_tokens_done + len(batch.new_token_ids))
+        return result
 
-    def _update_stats(self, m: RequestStateStats, out: EngineCoreOutput, prompt_len: int, now: float) -> None:
-        if m.scheduled_ts is None:
-            m.scheduled_ts = out.scheduled_ts
-        if out.new_token_ids:
-            if m.first_token_ts is None:
-                m.first_token_ts = now
-                m.first_token_latency = now - m.arrival_time
-                self.num_prompt_tokens_done += prompt_len
-            m.last_token_ts = now
-            m.num_generation_tokens += len(out.new_token_ids)
+    @staticmethod
+    def _append_tokens(sub: list, got: list[int], tokens: list[int], offsets: np.ndarray, now: float) -> None:
+        """Token ids onto the states `sub` (the requests `got` of the batch), and their time."""
+        if len(tokens) == len(sub):  # one token each: the usual decode step
+            list(map(list.append, map(_token_ids, sub), tokens))
+        else:
+            lo, hi = offsets[got].tolist(), offsets[1:][got].tolist()
+            list(map(list.extend, map(_token_ids, sub), map(tokens.__getitem__, map(slice, lo, hi))))
+        list(map(setattr, map(_metrics, sub), itertools.repeat("last_token_ts"), itertools.repeat(now)))
 
-    def _make_output(self, state: RequestState, finish_reason: str | None, stop_reason: Any) -> RequestOutput | None:
+    def _finish_one(self, state: RequestState, batch: EngineCoreOutputBatch, i: int, count: int,
+                    result: ProcessedOutputs) -> None:
+        """Detokenize (stop strings), finish and build the output of one request with work."""
+        reason = batch.finish_reasons.get(i)
+        finish_reason = str(reason) if reason is not None else None
+        stop_reason = batch.stop_reasons.get(i)
+        if state.detokenizer is not None and (state.detokenize_each_step or finish_reason is not None):
+            # A stop token (eos / stop_token_ids) that ended the request is not shown as text;
+            # a request a grammar ended with "stop" ends on an ordinary token.
+            stop_terminated = (reason == FinishReason.STOP and count > 0
+                               and state.token_ids[-1] in state.params.all_stop_token_ids)
+            stop_str = state.detokenize(stop_terminated)
+            if stop_str is not None and finish_reason is None:
+                finish_reason, stop_reason = str(FinishReason.STOP), stop_str
+                result.to_abort.append(state.request_id)
+        if finish_reason is not None:
+            del self.request_states[state.request_id]
+        ro = self.make_output(state, finish_reason, stop_reason)
+        if ro is not None:
+            result.routed.append((state.parent.request_id if state.parent else state.request_id, ro))
+
+    def update_stats_first(self, state: RequestState, now: float) -> None:
+        """The request's first tokens arrived: TTFT, and its prompt counts as done."""
+        m = state.metrics
+        m.first_token_ts = now
+        m.first_token_latency = now - m.arrival_time
+        self.num_prompt_tokens_done += len(state.prompt_token_ids)
+
+    def make_output(self, state: RequestState, finish_reason: str | None, stop_reason: Any) -> RequestOutput | None:
         kind = state.params.output_kind
         finished = finish_reason is not None
         if kind == RequestOutputKind.FINAL_ONLY and not finished:
             return None
         delta = kind == RequestOutputKind.DELTA
+        state.metrics.num_generation_tokens = len(state.token_ids)
         completion = state.completion(finish_reason, stop_reason, delta=delta)
         parent = state.parent
         prompt_logprobs = state.logprobs.pop_prompt_logprobs() if delta else state.logprobs.prompt_logprobs
@@ -203,8 +288,7 @@ class OutputProcessor:
         )
 
 
-def _up_to_stop(token_ids: list[int], logprobs: LogprobsLists | None,
-                num_past: int) -> tuple[list[int], LogprobsLists | None]:
-    """A step's tokens (and logprob rows) up to the one that completed a stop string."""
-    keep = len(token_ids) - num_past
-    return token_ids[:keep], None if logprobs is None else logprobs.slice_request(0, keep)
+_token_ids = operator.attrgetter("token_ids")
+_metrics = operator.attrgetter("metrics")
+_wants_logprobs = operator.attrgetter("wants_logprobs")
+_works_each_step = operator.attrgetter("works_each_step")

@@ -37,8 +37,10 @@ _GLOBAL_NAMES = {
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
-# Tensors llama.cpp stores that HF derives from the config (llama3 rope frequencies).
-_SKIPPED = ("rope_freqs.weight",)
+# Tensors llama.cpp stores that HF derives from the config (llama3 rope frequencies; Phi-3's
+# longrope factors, read into the config instead).
+_ROPE_FACTORS = ("rope_factors_long.weight", "rope_factors_short.weight")
+_SKIPPED = ("rope_freqs.weight", *_ROPE_FACTORS)
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
 
 
@@ -50,15 +52,17 @@ def _field(reader: GGUFFile, key: str, default: Any = None) -> Any:
     return reader.fields.get(key, default)
 
 
-def gguf_hf_name(gguf_name: str) -> str | None:
-    """HF parameter name for a llama/qwen2 GGUF tensor name; None for tensors HF does not keep."""
+def gguf_hf_name(gguf_name: str, layer_names: dict[str, str] | None = None) -> str | None:
+    """HF parameter name for a GGUF tensor name (``layer_names``: an architecture's per-layer
+    stems where they differ from llama's); None for tensors HF does not keep."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     if gguf_name in _SKIPPED:
         return None
+    names = {**_LAYER_NAMES, **(layer_names or {})}
     m = _LAYER_RE.match(gguf_name)
-    if m and m.group(2) in _LAYER_NAMES:
-        return f"model.layers.{m.group(1)}.{_LAYER_NAMES[m.group(2)]}.{m.group(3)}"
+    if m and m.group(2) in names:
+        return f"model.layers.{m.group(1)}.{names[m.group(2)]}.{m.group(3)}"
     return ""  # unknown: the caller reports it
 
 
@@ -87,17 +91,30 @@ class GGUFArch:
     # Llama's HF config carries head_dim and attention_bias; Qwen2's derives / fixes them.
     explicit_head_dim: bool
     attention_bias_from_tensors: bool
+    # Per-layer GGUF stems that map elsewhere than llama's (Phi-3's fused tensors).
+    layer_names: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 GGUF_ARCHS: dict[str, GGUFArch] = {
     "llama": GGUFArch("LlamaForCausalLM", permuted_qk=True, explicit_head_dim=True, attention_bias_from_tensors=True),
     "qwen2": GGUFArch("Qwen2ForCausalLM", permuted_qk=False, explicit_head_dim=False,
                       attention_bias_from_tensors=False),
+    # Phi-3 / Phi-4-mini: q/k/v and gate/up stay fused as in the HF checkpoint (the model splits them).
+    "phi3": GGUFArch("Phi3ForCausalLM", permuted_qk=False, explicit_head_dim=False, attention_bias_from_tensors=False,
+                     layer_names={"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}),
+}
+# Architectures llama.cpp writes whose files lack what the model needs: why, per architecture.
+_UNREADABLE = {
+    "gemma3": "Gemma 3 GGUF files carry neither query_pre_attn_scalar, rope_local_base_freq nor the "
+              "local/global layer pattern (llama.cpp fills them with constants per model size); "
+              "load the safetensors checkpoint instead",
 }
 
 
 def _gguf_arch(reader: GGUFFile, path: str) -> tuple[str, GGUFArch]:
     arch = _field(reader, "general.architecture")
+    if arch in _UNREADABLE:
+        raise UnsupportedModelError(path, f"GGUF architecture {arch!r}: {_UNREADABLE[arch]}")
     if arch not in GGUF_ARCHS:
         raise UnsupportedModelError(
             path, f"GGUF architecture {arch!r} is not supported (supported: {', '.join(GGUF_ARCHS)})"
@@ -142,7 +159,32 @@ def gguf_config_dict(reader: GGUFFile, path: str) -> dict[str, Any]:
         v = _field(reader, f"tokenizer.ggml.{gguf_key}")
         if v is not None:
             cfg[hf_key] = int(v)
+    if arch == "phi3":
+        _phi3_config(reader, get, cfg, path)
     return cfg
+
+
+def _phi3_config(reader: GGUFFile, get: Callable[..., Any], cfg: dict[str, Any], path: str) -> None:
+    """Phi-3's rope: the rotary share of each head, and longrope's factors, which llama.cpp
+    stores as two F32 tensors beside the weights."""
+    head_dim = cfg["hidden_size"] // cfg["num_attention_heads"]
+    rope = cfg["rope_parameters"]
+    rope["partial_rotary_factor"] = int(get("rope.dimension_count", head_dim)) / head_dim
+    window = get("attention.sliding_window")
+    cfg["sliding_window"] = int(window) if window else None  # llama.cpp writes 0 for none
+    orig = int(get("rope.scaling.original_context_length", cfg["max_position_embeddings"]))
+    cfg["original_max_position_embeddings"] = orig
+    factors = {t.name: t for t in reader.tensors if t.name in _ROPE_FACTORS}
+    if not factors:
+        return
+    if len(factors) != 2:
+        raise CorruptCheckpointError(path, f"GGUF holds {sorted(factors)} but longrope needs both of {_ROPE_FACTORS}")
+    long_f, short_f = (_tensor_array(reader, factors[n]).astype(np.float64).ravel().tolist() for n in _ROPE_FACTORS)
+    rope.update(rope_type="longrope", long_factor=long_f, short_factor=short_f,
+                original_max_position_embeddings=orig)
+    attn_factor = get("rope.scaling.attn_factor")
+    if attn_factor is not None:
+        rope["attention_factor"] = float(attn_factor)
 
 
 def _rope_parameters(get: Callable[..., Any], tensor_names: set[str], path: str) -> dict[str, Any]:
@@ -205,7 +247,7 @@ def iterate_gguf_weights(reader: GGUFFile, path: str) -> Iterator[tuple[str, np.
     heads = int(_field(reader, f"{arch}.attention.head_count"))
     kv_heads = int(_field(reader, f"{arch}.attention.head_count_kv", heads))
     for t in reader.tensors:
-        hf_name = gguf_hf_name(t.name)
+        hf_name = gguf_hf_name(t.name, spec.layer_names)
         if hf_name is None:
             continue
         if hf_name == "":

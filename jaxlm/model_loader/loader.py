@@ -49,7 +49,7 @@ def init_abstract_model(model_config: ModelConfig, *, attn_backend: Any, mesh: A
     dtype = get_jax_dtype(model_config)
     return nnx.eval_shape(
         lambda: cls(model_config.hf_config, dtype=dtype, attn_backend=attn_backend,
-                    rngs=nnx.Rngs(model_config.seed), mesh=mesh)
+                    rngs=nnx.Rngs(model_config.seed), mesh=mesh, max_model_len=model_config.max_model_len)
     )
 
 

@@ -14,6 +14,7 @@ from jaxlm.config import LoadConfig, ModelConfig
 from jaxlm.model_loader.errors import CorruptCheckpointError, NoWeightsError
 from jaxlm.model_loader.formats import default_model_path, detect_load_format, find_gguf_file, model_dir
 from jaxlm.model_loader.hf_cache import resolve_model_path
+from jaxlm.models.registry import text_model_config
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +92,7 @@ def resolve_model_config(model_config: ModelConfig, load_config: LoadConfig) -> 
         served = [model_config.model]
     load_format = detect_load_format(path, load_config.load_format)
     hf_config = model_config.hf_config if model_config.hf_config is not None else load_hf_config(path, load_format)
+    hf_config = text_model_config(hf_config)  # a multimodal checkpoint served for text: its text_config
     resolved = dataclasses.replace(
         model_config,
         model=path,

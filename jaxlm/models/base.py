@@ -146,11 +146,14 @@ class CausalLMBase(nnx.Module):
     _ignored_suffixes: tuple[str, ...] = ("rotary_emb.inv_freq",)
 
     def __init__(
-        self, config: Any, *, dtype: jnp.dtype, attn_backend, rngs: nnx.Rngs, mesh: Mesh | None = None
+        self, config: Any, *, dtype: jnp.dtype, attn_backend, rngs: nnx.Rngs, mesh: Mesh | None = None,
+        max_model_len: int | None = None,
     ):
         # Static attributes (hashable, so the graphdef can key a jit cache).
         self.dtype = jnp.dtype(dtype)
         self.mesh = mesh
+        # The engine's context length (None: the model's own); longrope picks its factors by it.
+        self.max_model_len = max_model_len
         self.attn_backend = attn_backend
         tp = mesh.shape.get(MODEL_AXIS, 1) if mesh is not None else 1
         # A ("stage", "data", "model") mesh: pipeline parallel, one sub-mesh per stage.

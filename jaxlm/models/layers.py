@@ -85,14 +85,20 @@ class Embedding(nnx.Module):
 
 
 class RMSNorm(nnx.Module):
-    def __init__(self, dim: int, *, eps: float, dtype: jnp.dtype, rngs: nnx.Rngs):
+    """RMSNorm; ``weight_offset=1`` is Gemma's norm, which scales by (1 + weight)."""
+
+    def __init__(self, dim: int, *, eps: float, dtype: jnp.dtype, rngs: nnx.Rngs, weight_offset: float = 0.0):
         self.eps = float(eps)
-        self.weight = make_param(rngs, (dim,), dtype, (None,), init="ones")
+        self.weight_offset = float(weight_offset)
+        self.weight = make_param(rngs, (dim,), dtype, (None,), init="zeros" if weight_offset else "ones")
 
     def __call__(self, x: jax.Array) -> jax.Array:
         # Statistics in float32 as HF does, whatever the model dtype.
         xf = x.astype(jnp.float32)
         xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+        if self.weight_offset:
+            # Gemma scales in float32 and casts once at the end (HF's Gemma3RMSNorm).
+            return (xf * (self.weight_offset + self.weight[...].astype(jnp.float32))).astype(x.dtype)
         return self.weight[...] * xf.astype(x.dtype)
 
 

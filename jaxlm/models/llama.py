@@ -5,13 +5,19 @@
 - Qwen2: q/k/v biases (o_proj none), optional sliding window on the upper layers.
 - Qwen3: per-head RMSNorm on q and k before rope, explicit head_dim.
 GQA/MQA through num_key_value_heads; any head_dim; tied or untied embeddings.
+
+Other dense families are configuration of these layers (the Args' family fields, a rope per
+layer, a decoder-layer class) plus a module of what is their own: gemma3.py, phi3.py,
+smollm3.py, granite.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Sequence
 
+import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from jaxlm.attention.metadata import AttentionMetadata
@@ -44,6 +50,13 @@ class LlamaArgs:
     sliding_windows: tuple[int | None, ...]
     # Each checkpoint KV head is held this many times (tensor parallel > KV heads; see for_tensor_parallel).
     kv_repeat: int = 1
+    # Family variations; Llama's values by default, set by the families' make_args.
+    attn_scale: float | None = None  # None: head_dim ** -0.5
+    norm_weight_offset: float = 0.0  # Gemma: every RMSNorm scales by (1 + weight)
+    embedding_multiplier: float = 1.0  # Gemma: sqrt(hidden_size); Granite: embedding_multiplier
+    residual_multiplier: float = 1.0  # Granite: each block's output scaled before the residual add
+    logits_scaling: float = 1.0  # Granite: logits divided by it
+    final_logit_softcap: float | None = None  # Gemma: cap * tanh(logits / cap)
 
     def for_tensor_parallel(self, tp: int) -> "LlamaArgs":
         """With more devices than KV heads, each device needs its own copy of the KV head its
@@ -87,11 +100,16 @@ class LlamaArgs:
         )
 
 
+def rms_norm(args: LlamaArgs, dim: int, *, dtype, rngs: nnx.Rngs) -> RMSNorm:
+    return RMSNorm(dim, eps=args.rms_norm_eps, dtype=dtype, rngs=rngs, weight_offset=args.norm_weight_offset)
+
+
 class LlamaAttention(nnx.Module):
-    def __init__(self, args: LlamaArgs, layer_idx: int, rope: RotaryEmbedding, *, dtype, attn_backend, rngs: nnx.Rngs):
+    def __init__(self, args: LlamaArgs, layer_idx: int, rope: RotaryEmbedding | None, *, dtype, attn_backend,
+                 rngs: nnx.Rngs):
         h, d = args.hidden_size, args.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = args.num_heads, args.num_kv_heads, d
-        self.scale = d**-0.5
+        self.scale = d**-0.5 if args.attn_scale is None else float(args.attn_scale)
         self.sliding_window = args.sliding_windows[layer_idx]
         self.rotary_emb = rope
         self.attn_backend = attn_backend
@@ -103,8 +121,8 @@ class LlamaAttention(nnx.Module):
                              kv_repeat=repeat)
         self.o_proj = Linear(args.num_heads * d, h, bias=args.o_bias, parallel=ROW, dtype=dtype, rngs=rngs)
         if args.qk_norm:
-            self.q_norm = RMSNorm(d, eps=args.rms_norm_eps, dtype=dtype, rngs=rngs)
-            self.k_norm = RMSNorm(d, eps=args.rms_norm_eps, dtype=dtype, rngs=rngs)
+            self.q_norm = rms_norm(args, d, dtype=dtype, rngs=rngs)
+            self.k_norm = rms_norm(args, d, dtype=dtype, rngs=rngs)
         else:
             self.q_norm = self.k_norm = None
 
@@ -115,7 +133,8 @@ class LlamaAttention(nnx.Module):
         v = self.v_proj(x).reshape(T, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary_emb(positions, q, k)
+        if self.rotary_emb is not None:  # None: a layer without rope (SmolLM3)
+            q, k = self.rotary_emb(positions, q, k)
         out, kv_cache = self.attn_backend(q, k, v, kv_cache, md, scale=self.scale, sliding_window=self.sliding_window)
         return self.o_proj(out.reshape(T, self.num_heads * self.head_dim)), kv_cache
 
@@ -137,8 +156,8 @@ class LlamaDecoderLayer(nnx.Module):
     def __init__(self, args: LlamaArgs, layer_idx: int, rope, *, dtype, attn_backend, rngs: nnx.Rngs):
         self.self_attn = LlamaAttention(args, layer_idx, rope, dtype=dtype, attn_backend=attn_backend, rngs=rngs)
         self.mlp = LlamaMLP(args, dtype=dtype, rngs=rngs)
-        self.input_layernorm = RMSNorm(args.hidden_size, eps=args.rms_norm_eps, dtype=dtype, rngs=rngs)
-        self.post_attention_layernorm = RMSNorm(args.hidden_size, eps=args.rms_norm_eps, dtype=dtype, rngs=rngs)
+        self.input_layernorm = rms_norm(args, args.hidden_size, dtype=dtype, rngs=rngs)
+        self.post_attention_layernorm = rms_norm(args, args.hidden_size, dtype=dtype, rngs=rngs)
 
     def __call__(self, x, positions, kv_cache, md):
         h, kv_cache = self.self_attn(self.input_layernorm(x), positions, kv_cache, md)
@@ -148,18 +167,26 @@ class LlamaDecoderLayer(nnx.Module):
 
 
 class LlamaModel(DecoderStack):
-    def __init__(self, args: LlamaArgs, rope, *, dtype, attn_backend, rngs: nnx.Rngs):
+    """``rope``: one RotaryEmbedding for every layer, or one per layer (None: no rope there)."""
+
+    def __init__(self, args: LlamaArgs, rope, *, dtype, attn_backend, rngs: nnx.Rngs,
+                 layer_cls: type = LlamaDecoderLayer):
+        ropes = rope if isinstance(rope, Sequence) else (rope,) * args.num_layers
         self.embed_tokens = Embedding(args.vocab_size, args.hidden_size, dtype=dtype, rngs=rngs)
         self.layers = nnx.List(
             [
-                LlamaDecoderLayer(args, i, rope, dtype=dtype, attn_backend=attn_backend, rngs=rngs)
+                layer_cls(args, i, ropes[i], dtype=dtype, attn_backend=attn_backend, rngs=rngs)
                 for i in range(args.num_layers)
             ]
         )
-        self.norm = RMSNorm(args.hidden_size, eps=args.rms_norm_eps, dtype=dtype, rngs=rngs)
+        self.norm = rms_norm(args, args.hidden_size, dtype=dtype, rngs=rngs)
+        self.embedding_multiplier = float(args.embedding_multiplier)
 
     def embed(self, input_ids, positions):
-        return self.embed_tokens(input_ids)
+        x = self.embed_tokens(input_ids)
+        if self.embedding_multiplier != 1.0:
+            x = x * jnp.asarray(self.embedding_multiplier, x.dtype)  # in the model dtype, as HF
+        return x
 
     def decoder_layers(self):
         return self.layers
@@ -169,17 +196,32 @@ class LlamaModel(DecoderStack):
 
 
 class LlamaForCausalLM(CausalLMBase):
-    # Family flags, overridden by the subclasses below.
+    # Family flags, overridden by the subclasses below and in the families' modules.
     _force_qkv_bias = False
     _qk_norm = False
+    decoder_layer_cls: type = LlamaDecoderLayer
 
     @classmethod
     def make_args(cls, config: Any) -> LlamaArgs:
         return LlamaArgs.from_hf_config(config, force_qkv_bias=cls._force_qkv_bias, qk_norm=cls._qk_norm)
 
     def build(self, config: Any, rngs: nnx.Rngs) -> None:
-        rope = RotaryEmbedding.from_config(config, self.args.head_dim)
-        self.model = LlamaModel(self.args, rope, dtype=self.dtype, attn_backend=self.attn_backend, rngs=rngs)
+        self.model = LlamaModel(self.args, self.layer_ropes(config), dtype=self.dtype,
+                                attn_backend=self.attn_backend, rngs=rngs, layer_cls=self.decoder_layer_cls)
+
+    def layer_ropes(self, config: Any) -> tuple[RotaryEmbedding | None, ...]:
+        """The rope of each layer (None: the layer has none)."""
+        rope = RotaryEmbedding.from_config(config, self.args.head_dim, max_model_len=self.max_model_len)
+        return (rope,) * self.args.num_layers
+
+    def compute_logits(self, hidden_states: jax.Array) -> jax.Array:
+        logits = super().compute_logits(hidden_states)
+        if self.args.logits_scaling != 1.0:
+            logits = logits / self.args.logits_scaling
+        cap = self.args.final_logit_softcap
+        if cap is not None:
+            logits = cap * jnp.tanh(logits / cap)
+        return logits
 
     def decoder(self) -> nnx.Module:
         return self.model

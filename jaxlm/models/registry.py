@@ -7,6 +7,7 @@ Out-of-tree models register by qualified name so nothing is imported until it is
 
 from __future__ import annotations
 
+import copy
 import importlib
 import logging
 from typing import Any
@@ -19,9 +20,17 @@ _MODELS: dict[str, tuple[str, str]] = {
     "MistralForCausalLM": ("llama", "MistralForCausalLM"),
     "Qwen2ForCausalLM": ("llama", "Qwen2ForCausalLM"),
     "Qwen3ForCausalLM": ("llama", "Qwen3ForCausalLM"),
+    "Gemma3ForCausalLM": ("gemma3", "Gemma3ForCausalLM"),
+    "Phi3ForCausalLM": ("phi3", "Phi3ForCausalLM"),
+    "SmolLM3ForCausalLM": ("smollm3", "SmolLM3ForCausalLM"),
+    "GraniteForCausalLM": ("granite", "GraniteForCausalLM"),
     "OPTForCausalLM": ("opt", "OPTForCausalLM"),
     "GPT2LMHeadModel": ("gpt2", "GPT2LMHeadModel"),
+    # Gemma 3 4B and up are published as multimodal checkpoints: served for text, on their text_config.
+    "Gemma3ForConditionalGeneration": ("gemma3", "Gemma3ForConditionalGeneration"),
 }
+# Multimodal architectures whose language model jaxlm runs alone (no image inputs).
+_TEXT_OF_MULTIMODAL = frozenset({"Gemma3ForConditionalGeneration"})
 
 
 def _import_qualified(qualname: str) -> type:
@@ -78,3 +87,19 @@ def get_model_architecture(hf_config: Any) -> type:
     archs = getattr(hf_config, "architectures", None) or []
     cls, _ = ModelRegistry.resolve_model_cls(archs)
     return cls
+
+
+def text_model_config(hf_config: Any) -> Any:
+    """The config the model runs on: for a multimodal checkpoint served for text, its
+    ``text_config`` under the checkpoint's architectures and special token ids (vocab size,
+    heads and context length live there); any other config as is."""
+    archs = list(getattr(hf_config, "architectures", None) or [])
+    if not _TEXT_OF_MULTIMODAL.intersection(archs) or getattr(hf_config, "text_config", None) is None:
+        return hf_config
+    text = copy.deepcopy(hf_config.get_text_config())
+    text.architectures = archs
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        value = getattr(hf_config, key, None)
+        if value is not None:
+            setattr(text, key, value)
+    return text

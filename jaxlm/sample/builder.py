@@ -116,6 +116,8 @@ class SamplingInputBuilder:
         self._variants = tuple(variants)
         self.speculative = speculative
         self._reqs: dict[str, _ReqState] = {}
+        # Requests whose processors read their own outputs (record_tokens' only work).
+        self._history: set[str] = set()
         # The per-step values of every request, gathered per step by index (see rows.py).
         self._rows = SamplingRows()
 
@@ -176,6 +178,8 @@ class SamplingInputBuilder:
             for t in prompt_token_ids:
                 self._pen_add(st, int(t), 0)
         self._reqs[req_id] = st
+        if st.processors:
+            self._history.add(req_id)
         self._rows.add(req_id, dict(temperature=st.temperature, top_k=st.top_k, top_p=st.top_p,
                                     min_p=st.min_p, stream=st.stream, greedy=st.greedy),
                        SamplerVariant(random=not st.greedy, filters=not st.greedy and (st.top_k > 0 or st.top_p < 1.0),
@@ -226,6 +230,7 @@ class SamplingInputBuilder:
 
     def remove_request(self, req_id: str) -> None:
         self._reqs.pop(req_id, None)
+        self._history.discard(req_id)
         self._rows.remove(req_id)
 
     def append_output(self, req_id: str, token_id: int) -> None:
@@ -241,10 +246,12 @@ class SamplingInputBuilder:
     def record_tokens(self, req_ids: Sequence[str], token_ids: Sequence[int]) -> None:
         """The tokens count_outputs counted: Python work only for requests whose processors
         read their history (penalties, min_tokens, bad words)."""
+        history = self._history
+        if not history:  # the usual batch: one set check, no loop
+            return
         for req_id, tok in zip(req_ids, token_ids):
-            st = self._reqs[req_id]
-            if st.processors:
-                self._record_token(st, tok)
+            if req_id in history:
+                self._record_token(self._reqs[req_id], tok)
 
     def _record_token(self, st: _ReqState, token_id: int) -> None:
         st.num_output += 1

@@ -19,6 +19,7 @@ class SamplingRows:
     def __init__(self, capacity: int = 64) -> None:
         self._slot: dict[str, int] = {}
         self._free: list[int] = []
+        self._last: tuple = (None, None)  # (req_ids, their slots) of the last slots() call
         self._alloc(capacity)
 
     def _alloc(self, capacity: int) -> None:
@@ -38,6 +39,7 @@ class SamplingRows:
 
     def add(self, req_id: str, values: dict, need: Sequence[bool]) -> None:
         """(Re)write req_id's row: values holds temperature, top_k, top_p, min_p, stream, greedy."""
+        self._last = (None, None)
         slot = self._slot.get(req_id)
         if slot is None:
             if not self._free:
@@ -50,12 +52,19 @@ class SamplingRows:
         self.need[slot] = need
 
     def remove(self, req_id: str) -> None:
+        self._last = (None, None)
         slot = self._slot.pop(req_id, None)
         if slot is not None:
             self._free.append(slot)
 
     def slots(self, req_ids: Sequence[str]) -> np.ndarray:
-        return np.fromiter((self._slot[r] for r in req_ids), np.int64, len(req_ids))
+        """The rows of req_ids; a step asks for the same list several times (variant, metadata,
+        output counts): the last answer is kept until the list or a row changes."""
+        if req_ids is self._last[0]:
+            return self._last[1]
+        slots = np.fromiter(map(self._slot.__getitem__, req_ids), np.int64, len(req_ids))
+        self._last = (req_ids, slots)
+        return slots
 
     def slot(self, req_id: str) -> int:
         return self._slot[req_id]

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jaxlm.reasoning.abs_reasoning_parsers import ReasoningParser
-from jaxlm.serve.protocol import ChatResponseMessage, DeltaMessage
+from jaxlm.serve.protocol_chat import ChatResponseMessage, DeltaMessage
 from jaxlm.serve.tool_parsers.abstract_tool_parser import ToolParser
 
 

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, TypeVar
 
+from jaxlm.entrypoints.chat_utils import parse_chat_messages
 from jaxlm.serve.errors import OpenAIError
 
 T = TypeVar("T")
@@ -82,9 +83,7 @@ async def render_chat_request(serving: Any, request: Any) -> list[int]:
     if not policy.trust_request_chat_template:
         raise OpenAIError(f"chat templates in requests are refused unless the server runs with {TRUST_FLAG}",
                           400, "chat_template")
-    from jaxlm.serve.serving_chat import conversation as to_conversation  # as the model template sees it
-
-    conversation = to_conversation(request.messages)
+    conversation = parse_chat_messages(request.messages)  # as the model's template sees it
     variables = {**_special_tokens(serving.tokenizer), **kwargs, "messages": conversation,
                  "add_generation_prompt": add_generation_prompt and not continue_final}
 

@@ -57,8 +57,8 @@ def to_openai_error(exc: BaseException) -> OpenAIError:
         return OpenAIError(str(exc), 503)
     if isinstance(exc, EngineGenerateError):  # this request alone failed; logged by the engine
         return OpenAIError(str(exc), 500)
-    if isinstance(exc, (ValueError, TypeError, OverflowError)):
-        return OpenAIError(str(exc), 400)
+    if isinstance(exc, (ValueError, TypeError, OverflowError)):  # InvalidRequestError names its field
+        return OpenAIError(str(exc), 400, getattr(exc, "param", None))
     logger.exception("internal error", exc_info=exc)
     return OpenAIError(f"internal server error: {type(exc).__name__}", 500)
 

@@ -5,19 +5,20 @@ output as content, reasoning_content (--reasoning-parser) and tool_calls (tool_c
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import time
 from collections.abc import AsyncIterator
 from functools import partial
 from typing import Any
 
+from jaxlm.entrypoints.chat_utils import parse_chat_messages
 from jaxlm.outputs import Logprob
 from jaxlm.reasoning import ReasoningParser, ReasoningParserManager
 from jaxlm.serve.chat_output import ChatOutputParsers, ChoiceOutput
 from jaxlm.serve.chat_template import render_chat_request
 from jaxlm.serve.errors import OpenAIError
-from jaxlm.serve.protocol import (
+from jaxlm.serve.protocol import ChatMessage, UsageInfo, random_uuid
+from jaxlm.serve.protocol_chat import (
     ChatCompletionLogProb,
     ChatCompletionLogProbs,
     ChatCompletionLogProbsContent,
@@ -26,10 +27,7 @@ from jaxlm.serve.protocol import (
     ChatCompletionResponseChoice,
     ChatCompletionResponseStreamChoice,
     ChatCompletionStreamResponse,
-    ChatMessage,
     DeltaMessage,
-    UsageInfo,
-    random_uuid,
 )
 from jaxlm.serve.serving_engine import (
     ChoiceState,
@@ -45,44 +43,6 @@ from jaxlm.serve.tool_choice import effective_tool_choice, forced_tool_parser, t
 from jaxlm.serve.tool_parsers import ToolParser, ToolParserManager
 
 logger = logging.getLogger(__name__)
-
-
-def _content_text(content: str | list[dict[str, Any]] | None) -> str:
-    if content is None or isinstance(content, str):
-        return content or ""
-    texts = []
-    for part in content:
-        if part.get("type") != "text" or not isinstance(part.get("text"), str):
-            raise OpenAIError(f"unsupported content part type {part.get('type')!r}", 400, "messages")
-        texts.append(part["text"])
-    return "\n".join(texts)
-
-
-def _message_dict(m: ChatMessage) -> dict[str, Any]:
-    """A message as chat templates read it: tool calls' arguments as objects (what HF templates
-    expect, as vLLM passes them), and the tool message's tool_call_id."""
-    out: dict[str, Any] = {"role": m.role, "content": _content_text(m.content)}
-    extra = m.model_extra or {}
-    if extra.get("tool_calls"):
-        calls = []
-        for call in extra["tool_calls"]:
-            call = dict(call)
-            function = dict(call.get("function") or {})
-            if isinstance(function.get("arguments"), str):
-                try:
-                    function["arguments"] = json.loads(function["arguments"])
-                except json.JSONDecodeError:
-                    pass  # the template gets the text
-            call["function"] = function
-            calls.append(call)
-        out["tool_calls"] = calls
-    if extra.get("tool_call_id") is not None:
-        out["tool_call_id"] = extra["tool_call_id"]
-    return out
-
-
-def conversation(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    return [_message_dict(m) for m in messages]
 
 
 def _finish_auto(called: bool, reason: str | None) -> str | None:
@@ -146,7 +106,7 @@ class OpenAIServingChat(OpenAIServing):
             raise OpenAIError("this model's tokenizer has no chat template", 400, "messages")
         try:
             text = self.tokenizer.apply_chat_template(
-                conversation(messages),
+                parse_chat_messages(messages),
                 tokenize=False,
                 add_generation_prompt=add_generation_prompt and not continue_final_message,
                 continue_final_message=continue_final_message,

@@ -60,7 +60,7 @@ class DraftModelRunner(ModelRunner):
         # tokens cannot feed this body; EngineCore then runs every step synchronously, so no
         # step reads a token that is not on the host yet.
         self.same_mesh = mesh is target.mesh
-        self.sampling = SamplingInputBuilder(self.vocab_size, self.max_model_len, variants=(_GREEDY,))
+        self.states.sampling = SamplingInputBuilder(self.vocab_size, self.max_model_len, variants=(_GREEDY,))
         # Proposals sample one row per request (sample_capacity stays the target's: the layout of
         # the packed inputs the mirror shares).
         self.seq_buckets = [b for b in self.seq_buckets if b <= pick_bucket(self.max_num_seqs, self.seq_buckets)]

@@ -12,6 +12,7 @@ After the step, the proposer drafts for the requests that sampled (SpecStepHandl
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -32,7 +33,6 @@ logger = logging.getLogger(__name__)
 
 
 class SpecModelRunner(ModelRunner):
-    handle_cls = SpecStepHandle
     sampler_fn = staticmethod(rejection_sample)
 
     def __init__(self, config: EngineConfig, model: nnx.Module, mesh: jax.sharding.Mesh | None = None,
@@ -67,15 +67,6 @@ class SpecModelRunner(ModelRunner):
             jobs += draft_jobs
         return jobs
 
-    def execute_model(self, so: SchedulerOutput, non_block: bool = False) -> Any:
-        if self.drafter is not None:
-            self.drafter._in_step = True
-        try:
-            return super().execute_model(so, non_block)
-        finally:
-            if self.drafter is not None:
-                self.drafter._in_step = False
-
     def _run_body(self, so: SchedulerOutput):
         prev_tokens = self._last_tokens  # the draft's body reads the same device tokens
         result = super()._run_body(so)
@@ -85,10 +76,14 @@ class SpecModelRunner(ModelRunner):
 
     # ---- the verify step's rows and the proposals ------------------------------------------------
 
-    def _update_states(self, so: SchedulerOutput) -> None:
-        super()._update_states(so)
+    def _dispatch(self, so: SchedulerOutput) -> Any:
         self._step_drafts = so.scheduled_spec_decode_tokens
         self.propose_after_step = so.propose_draft_tokens
+        return super()._dispatch(so)
+
+    def _make_handle(self, inputs: StepInputs, out: Any, placed: Any, prompt_rows: Any) -> SpecStepHandle:
+        return SpecStepHandle(self.states, inputs, out, placed, prompt_rows, self.step_timer,
+                              propose=self.propose_drafts if self.propose_after_step else None)
 
     def _sampling_inputs(self, inputs: StepInputs) -> HostArrays | None:
         if inputs.num_sample_rows is None:
@@ -99,14 +94,17 @@ class SpecModelRunner(ModelRunner):
         return self.sampling.build_host(req_ids, S, self.sampling.variant_of(req_ids), drafts)
 
     def propose_drafts(self, req_ids: list[str]) -> dict[str, list[int]]:
-        """Drafts for these requests (those that sampled this step and still hold their rows)."""
+        """Drafts for these requests (those that sampled this step and still hold their rows).
+        Under the compile guard: the async driver asks for them outside execute_model."""
         batch = self.input_batch
         req_ids = [r for r in req_ids if r in batch.req_id_to_row]
         if not req_ids:
             return {}
-        rows = [batch.req_id_to_row[r] for r in req_ids]
-        if self.drafter is not None:
-            drafts = self.drafter.propose(rows)
-        else:
-            drafts = self.ngram.propose(batch.token_ids[rows], batch.num_tokens[rows])
+        rows = list(map(batch.req_id_to_row.__getitem__, req_ids))
+        guard = self.compile_guard
+        with contextlib.nullcontext() if guard.in_step else guard.step():
+            if self.drafter is not None:
+                drafts = self.drafter.propose(rows)
+            else:
+                drafts = self.ngram.propose(batch.token_ids[rows], batch.num_tokens[rows])
         return dict(zip(req_ids, drafts))

@@ -94,8 +94,7 @@ class _CountingRunner:
         if req_ids:
             self.steps.append(StepShape(so.total_num_scheduled_tokens, len(req_ids), pages,
                                         sum(1 for s in sampled if s)))
-        return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                                 sampled_token_ids=sampled)
+        return ModelRunnerOutput.from_lists(req_ids, sampled)
 
 
 def _sim_cache_config(scheduler_config: SchedulerConfig, cache_config: CacheConfig) -> CacheConfig:

@@ -93,6 +93,23 @@ class GrammarRows:
                     grammar.accept_token(drafts[j])
             grammar.rollback(valid)
 
+    def advance_tokens(self, req_ids: Sequence[str], token_ids: np.ndarray) -> set[str]:
+        """Accept each constrained request's token (req_ids[i] sampled token_ids[i]); the ids
+        whose grammar is now terminated (complete, or errored by a token it rejected: the
+        request ends either way). No work for a step without constrained requests."""
+        if not self._grammars:
+            return set()
+        return self.advance(dict(zip(req_ids, token_ids.tolist())))
+
+    def advance_runs(self, req_ids: Sequence[str], counts: np.ndarray, token_ids: np.ndarray) -> dict[str, int]:
+        """advance_many for a step's tokens back to back (req_ids[i] got counts[i] of them)."""
+        if not self._grammars:
+            return {}
+        ends = np.cumsum(counts).tolist()
+        flat = token_ids.tolist()
+        return self.advance_many({r: flat[e - c:e] for r, c, e in zip(req_ids, counts.tolist(), ends)
+                                  if r in self._grammars})
+
     def advance(self, sampled: dict[str, int]) -> set[str]:
         """Accept each constrained request's token; the ids whose grammar is now terminated
         (complete, or errored by a token it rejected: the request ends either way)."""

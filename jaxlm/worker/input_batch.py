@@ -7,6 +7,7 @@ step) numpy work and no per-request Python objects beyond the req_id -> row map.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 import numpy as np
@@ -111,7 +112,7 @@ class InputBatch:
     def append_placeholders(self, req_ids: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """One token each, sampled but not on the host yet (the i-th of the step's sampled
         tokens); returns (rows, positions) for fill_placeholders."""
-        rows = np.fromiter((self.req_id_to_row[r] for r in req_ids), np.int64, len(req_ids))
+        rows = np.fromiter(map(self.req_id_to_row.__getitem__, req_ids), np.int64, len(req_ids))
         pos = self.num_tokens[rows].copy()
         self.pending_pos[rows] = pos
         self.pending_idx[rows] = np.arange(len(req_ids), dtype=np.int32)
@@ -122,8 +123,8 @@ class InputBatch:
                           token_ids: np.ndarray) -> np.ndarray:
         """The sampled tokens are back: write them where each request still holds its row;
         returns that mask (a request that left meanwhile is skipped)."""
-        live = np.fromiter((self.req_id_to_row.get(r, -1) == row for r, row in zip(req_ids, rows.tolist())),
-                           np.bool_, len(req_ids))
+        now = np.fromiter(map(self.req_id_to_row.get, req_ids, itertools.repeat(-1)), np.int64, len(req_ids))
+        live = now == rows
         rows, pos = rows[live], pos[live]
         self.token_ids[rows, pos] = token_ids[live]
         self.pending_pos[rows] = np.where(self.pending_pos[rows] == pos, -1, self.pending_pos[rows])
@@ -138,12 +139,13 @@ class InputBatch:
             self.remove_request(new.req_id)  # a resumed request is rebuilt from scratch
             self.add_request(new)
         cached = so.scheduled_cached_reqs
-        for req_id, blocks, computed in zip(cached.req_ids, cached.new_block_ids, cached.num_computed_tokens):
-            row = self.req_id_to_row[req_id]
-            self.append_blocks(row, blocks)
-            self.num_computed_tokens[row] = computed
+        rows = np.fromiter(map(self.req_id_to_row.__getitem__, cached.req_ids), np.int64, len(cached.req_ids))
+        self.num_computed_tokens[rows] = cached.num_computed_tokens
+        # New blocks only for the requests that crossed a block boundary.
+        for i in itertools.compress(range(len(rows)), cached.new_block_ids):
+            self.append_blocks(int(rows[i]), cached.new_block_ids[i])
         self.num_spec[:] = 0
-        for req_id, drafts in so.scheduled_spec_decode_tokens.items():
+        for req_id, drafts in so.scheduled_spec_decode_tokens.items():  # written past the known tokens
             row = self.req_id_to_row[req_id]
             n = self.num_tokens[row]
             self.token_ids[row, n:n + len(drafts)] = drafts
@@ -175,12 +177,16 @@ class InputBatch:
         self, so: SchedulerOutput, num_tokens_padded: int, num_rows_padded: int, sample_capacity: int
     ) -> StepInputs:
         req_ids = list(so.num_scheduled_tokens)
-        rows = np.array([self.req_id_to_row[r] for r in req_ids], np.int64)
+        n = len(req_ids)
+        rows = np.fromiter(map(self.req_id_to_row.__getitem__, req_ids), np.int64, n)
+        n_sched = np.fromiter(so.num_scheduled_tokens.values(), np.int32, n)
         start = self.num_computed_tokens[rows]
         # Rows with cached context first: attention reads pages only for that leading prefix.
-        order = np.argsort(start == 0, kind="stable")
-        req_ids, rows, start = [req_ids[i] for i in order], rows[order], start[order]
-        n_sched = np.array([so.num_scheduled_tokens[r] for r in req_ids], np.int32)
+        fresh = start == 0
+        if fresh.any() and not fresh.all():
+            order = np.argsort(fresh, kind="stable")
+            req_ids = list(map(req_ids.__getitem__, order.tolist()))
+            rows, start, n_sched = rows[order], start[order], n_sched[order]
         R, T, bs = len(req_ids), int(n_sched.sum()), self.block_size
         size, layout = self._layout(num_tokens_padded, num_rows_padded, sample_capacity)
         packed = np.zeros(size, np.int32)
@@ -218,8 +224,9 @@ class InputBatch:
             last = (np.repeat(last - num_sample_rows + 1 - first_row, num_sample_rows)
                     + np.arange(num_sample_rows.sum(), dtype=np.int32))
         x["logits_indices"][: len(last)] = last
-        return StepInputs(req_ids=req_ids, num_tokens=T, sample_req_ids=[req_ids[i] for i in sample_idx],
-                          packed=packed, num_sample_rows=num_sample_rows, **x)
+        sample_req_ids = req_ids if len(sample_idx) == R else list(map(req_ids.__getitem__, sample_idx.tolist()))
+        return StepInputs(req_ids=req_ids, num_tokens=T, sample_req_ids=sample_req_ids, packed=packed,
+                          num_sample_rows=num_sample_rows, **x)
 
     def next_token_ids(self, inputs: StepInputs) -> np.ndarray:
         """[T_pad] the token after each scheduled position (what it predicts); 0 on padding."""

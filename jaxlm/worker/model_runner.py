@@ -20,6 +20,9 @@ and a shape outside the buckets can never trigger a silent compile:
 Program count: |token buckets| + |decode buckets| + |prompt-logprobs buckets|
 + 6 x |seq buckets| (a sum, never a product of bucket lists).
 
+Per-request host state lives in RequestStates (worker/request_states.py), shared with the
+StepHandles; the compile guard is worker/compile_guard.py.
+
 Structured outputs: the runner keeps each constrained request's matcher (host side, from the
 engine's StructuredOutputManager) until the request finishes; a preempted request keeps it.
 A step dispatches the body first and fills the grammar bitmask while the device runs it (the
@@ -59,22 +62,19 @@ from jaxlm.executor.distributed import place_inputs
 from jaxlm.sample.builder import SamplingInputBuilder
 from jaxlm.sample.metadata import SERVING_VARIANTS, HostArrays, SamplerVariant, unpack_metadata
 from jaxlm.sample.sampler import compute_prompt_logprobs, sample
-from jaxlm.sampling_params import SamplingParams
 from jaxlm.worker.buckets import (
     PaddingStats, decode_buckets, default_seq_buckets, default_token_buckets, pick_bucket,
     prompt_logprobs_buckets, validate_buckets)
-from jaxlm.worker.grammar_rows import GrammarRows
+from jaxlm.worker.compile_guard import CompileGuard
 from jaxlm.worker.input_batch import InputBatch, StepInputs
-from jaxlm.worker.prompt_logprobs import PromptLogprobsTracker
+from jaxlm.worker.request_states import RequestStates
 from jaxlm.worker.step_handle import StepHandle
-from jaxlm.worker.step_programs import (
-    _MD_FIELDS, DECODE, MIXED, PROMPT_LOGPROBS, _register_compile_listener, _unpack, gathered, kernel_constraints)
+from jaxlm.worker.step_programs import DECODE, MD_FIELDS, MIXED, PROMPT_LOGPROBS, gathered, kernel_constraints, unpack
 
 logger = logging.getLogger(__name__)
 
 class ModelRunner:
-    # What execute_model(non_block=True) returns; the sampler (a speculative runner: the rejection sampler).
-    handle_cls = StepHandle
+    # The sampler inside every sample program (a speculative runner: the rejection sampler).
     sampler_fn = staticmethod(sample)
 
     def __init__(self, config: EngineConfig, model: nnx.Module, mesh: jax.sharding.Mesh | None = None):
@@ -113,29 +113,34 @@ class ModelRunner:
         self.sample_capacity = self.seq_buckets[-1]
 
         self.vocab_size = int(hf_config.vocab_size)
-        self.input_batch = InputBatch(sched.max_num_seqs, sched.max_model_len, self.block_size,
-                                      page_multiple=c.page_multiple if c else 1)
-        self.sampling = SamplingInputBuilder(
-            self.vocab_size, sched.max_model_len, engine_seed=config.model_config.seed,
-            max_logprobs=config.model_config.max_logprobs, variants=SERVING_VARIANTS, speculative=spec is not None)
-        self.prompt_logprobs = PromptLogprobsTracker()
-        # Set by the engine before the first constrained request (it compiles at admission).
-        self.grammars = GrammarRows()
+        # The requests' host state (rows, sampler rows, grammars, prompt logprobs, failures).
+        self.states = RequestStates(
+            InputBatch(sched.max_num_seqs, sched.max_model_len, self.block_size,
+                       page_multiple=c.page_multiple if c else 1),
+            SamplingInputBuilder(self.vocab_size, sched.max_model_len, engine_seed=config.model_config.seed,
+                                 max_logprobs=config.model_config.max_logprobs, variants=SERVING_VARIANTS,
+                                 speculative=spec is not None))
         self.kv_caches: list[jax.Array] | None = None
         self._body: dict[tuple[int, str], Any] = {}
         self._sample: dict[tuple[int, SamplerVariant], Any] = {}
         self.num_programs = 0
         self.warmup_seconds = 0.0
-        # Guard: XLA compiles seen while a step runs (must stay 0 after warm-up).
-        self.num_compiles_after_warmup = 0
+        self.compile_guard = CompileGuard()
         # Padding waste: real vs computed tokens, rows, pages, samples (scripts/bench.py reports it).
         self.padding = PaddingStats()
-        self._in_step = False
         # Benchmarks only: an object with mark() and lap(part) (scripts/bench_host.py StepTimer).
         self.step_timer: Any | None = None
-        # req_id -> error text, for requests that fail alone (reported in the step's output).
-        self._failed_reqs: dict[str, str] = {}
-        _register_compile_listener(self)
+
+    # The request state's parts under the runner's names (the engine, benches and tests use them).
+    input_batch = property(lambda self: self.states.input_batch)
+    sampling = property(lambda self: self.states.sampling)
+    grammars = property(lambda self: self.states.grammars)
+    prompt_logprobs = property(lambda self: self.states.prompt_logprobs)
+
+    @property
+    def num_compiles_after_warmup(self) -> int:
+        """XLA compiles seen while a step ran (must stay 0 after warm-up)."""
+        return self.compile_guard.count
 
     # ---- KV cache -------------------------------------------------------------------------
 
@@ -184,11 +189,11 @@ class ModelRunner:
 
         def body(leaves, kv_caches, packed, prev_tokens):
             params = jax.tree.unflatten(treedef, leaves)
-            x = _unpack(packed, shapes)
+            x = unpack(packed, shapes)
             idx = x["prev_idx"]
             x["input_ids"] = jnp.where(idx >= 0, prev_tokens[jnp.maximum(idx, 0)], x["input_ids"])
             # max_query_len is static: a kernel backend traces its decode kernel for DECODE.
-            md = AttentionMetadata(**{f: x[f] for f in _MD_FIELDS}, max_query_len=1 if kind == DECODE else None)
+            md = AttentionMetadata(**{f: x[f] for f in MD_FIELDS}, max_query_len=1 if kind == DECODE else None)
             model = nnx.merge(graphdef, params)
             hidden, kv_caches = model(x["input_ids"], md.positions, kv_caches, md)
             selected = hidden[x["logits_indices"]]
@@ -269,27 +274,9 @@ class ModelRunner:
         """Run one step. non_block: return once it is dispatched, with a StepHandle whose
         result() waits for the tokens (async scheduling: the next step may be dispatched
         first; its decode rows take their input ids from this step's tokens on the device)."""
-        self._in_step = True
-        try:
+        with self.compile_guard.step():
             handle = self._dispatch(so)
             return handle if non_block else handle.result()
-        finally:
-            self._in_step = False
-
-    def _update_states(self, so: SchedulerOutput) -> None:
-        for req_id in self.input_batch.update_states(so):  # finished or preempted
-            self.sampling.remove_request(req_id)
-        for req_id in so.finished_req_ids:
-            # Only a finish forgets what was delivered: a preempted request resumes from there.
-            self.prompt_logprobs.finish_request(req_id)
-            self.grammars.finish_request(req_id)
-        for new in so.scheduled_new_reqs:
-            self.sampling.remove_request(new.req_id)
-            self._add_sampling_request(new)
-            if new.sampling_params.structured_outputs is not None:
-                self.grammars.add_request(new.req_id, new.sampling_params.structured_outputs, new.output_token_ids)
-            if new.sampling_params.prompt_logprobs is not None:
-                self.prompt_logprobs.add_request(new.req_id, len(new.prompt_token_ids))
 
     def _body_kind(self, so: SchedulerOutput) -> str:
         if self.prompt_logprobs.owes_any(so.num_scheduled_tokens):
@@ -299,15 +286,18 @@ class ModelRunner:
         return MIXED
 
     def _dispatch(self, so: SchedulerOutput) -> StepHandle:
-        self._update_states(so)
+        self.states.update(so)
         if so.total_num_scheduled_tokens == 0:
-            return StepHandle(self, None)
+            return StepHandle(self.states, None)
 
         if self.step_timer:
             self.step_timer.mark()
         inputs, hidden, prompt_rows, sampling, md_in = self._run_body(so)
         out, placed = self._dispatch_sampler(inputs, hidden, sampling, md_in)
-        return self.handle_cls(self, inputs, out, placed, prompt_rows)
+        return self._make_handle(inputs, out, placed, prompt_rows)
+
+    def _make_handle(self, inputs: StepInputs, out: Any, placed: Any, prompt_rows: Any) -> StepHandle:
+        return StepHandle(self.states, inputs, out, placed, prompt_rows, self.step_timer)
 
     def _run_body(self, so: SchedulerOutput) -> tuple[StepInputs, jax.Array, Any, HostArrays | None, Any]:
         """Dispatch the step's body: its inputs, the sampling rows' hidden states, the raw prompt
@@ -332,23 +322,6 @@ class ModelRunner:
         R, num_rows = self._rows_for(T), len(inputs.req_ids)
         real_pages = int((-(-inputs.seq_lens[:num_rows] // self.block_size)).sum())
         self.padding.record(inputs.num_tokens, T, num_rows, R, real_pages, R * self.input_batch.max_pages)
-
-    # ---- fault containment: a request whose host-side sampling state cannot be built fails
-    # alone (the scheduler finishes it with FinishReason.ERROR); the batch goes on.
-
-    def _add_sampling_request(self, new: Any) -> None:
-        try:
-            self.sampling.add_request(new.req_id, new.sampling_params, new.prompt_token_ids, new.output_token_ids)
-        except Exception as e:  # noqa: BLE001 - attributed to this request only
-            logger.exception("request %s: building its sampling inputs failed", new.req_id)
-            self._failed_reqs[new.req_id] = f"{type(e).__name__}: {e}"
-            # A neutral greedy stand-in keeps the batch's shapes; its token is never used.
-            self.sampling.add_request(new.req_id, SamplingParams(temperature=0.0, max_tokens=1), (), ())
-
-    def _take_failed(self, req_ids: list[str]) -> dict[str, str]:
-        if not self._failed_reqs:
-            return {}
-        return {r: self._failed_reqs.pop(r) for r in req_ids if r in self._failed_reqs}
 
     def _sampling_inputs(self, inputs: StepInputs) -> HostArrays | None:
         """The step's sampler metadata (host), or None when no request samples."""

@@ -44,7 +44,7 @@ from jaxlm.sample.sampler import compute_prompt_logprobs
 from jaxlm.worker.buckets import pick_bucket
 from jaxlm.worker.input_batch import StepInputs
 from jaxlm.worker.model_runner import ModelRunner
-from jaxlm.worker.step_programs import _MD_FIELDS, DECODE, MIXED, PROMPT_LOGPROBS, _unpack, gathered
+from jaxlm.worker.step_programs import DECODE, MD_FIELDS, MIXED, PROMPT_LOGPROBS, gathered, unpack
 
 logger = logging.getLogger(__name__)
 
@@ -143,8 +143,8 @@ class PipelineModelRunner(ModelRunner):
         shapes = self._pipeline_shapes(T, kind)
 
         def stage(params, kv_caches, packed, *carry):
-            x = _unpack(packed, shapes)
-            md = AttentionMetadata(**{f: x[f] for f in _MD_FIELDS}, max_query_len=1 if kind == DECODE else None)
+            x = unpack(packed, shapes)
+            md = AttentionMetadata(**{f: x[f] for f in MD_FIELDS}, max_query_len=1 if kind == DECODE else None)
             model = nnx.merge(graphdef, params, rest)
             inputs = x["input_ids"] if first else carry[0]
             hidden, kv_caches = run_stage(model.decoder(), inputs, md.positions, kv_caches, md, layers,

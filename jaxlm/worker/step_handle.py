@@ -9,22 +9,24 @@ skipped), gives them to the sampling state, and builds the step's ModelRunnerOut
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import itertools
+from typing import Any
 
 import jax
 import numpy as np
 
 from jaxlm.core.outputs import LogprobsLists, ModelRunnerOutput
 from jaxlm.worker.input_batch import StepInputs
-
-if TYPE_CHECKING:
-    from jaxlm.worker.model_runner import ModelRunner
+from jaxlm.worker.request_states import RequestStates
 
 
 class StepHandle:
-    def __init__(self, runner: "ModelRunner", inputs: StepInputs | None, sampler_out: Any = None,
-                 placed: tuple[np.ndarray, np.ndarray] | None = None, prompt_lps: Any = None) -> None:
-        self.runner, self.inputs, self.sampler_out, self.prompt_lps = runner, inputs, sampler_out, prompt_lps
+    def __init__(self, states: RequestStates, inputs: StepInputs | None, sampler_out: Any = None,
+                 placed: tuple[np.ndarray, np.ndarray] | None = None, prompt_lps: Any = None,
+                 timer: Any = None) -> None:
+        self.states, self.inputs, self.sampler_out, self.prompt_lps = states, inputs, sampler_out, prompt_lps
+        # Benchmarks only: the runner's step_timer when the step was dispatched.
+        self.timer = timer
         # (rows, positions) of the sampled tokens' placeholders in the input batch.
         self.placed = placed
         self._result: ModelRunnerOutput | None = None
@@ -35,42 +37,50 @@ class StepHandle:
         return self._result
 
     def _finish(self) -> ModelRunnerOutput:
-        inputs, runner = self.inputs, self.runner
+        inputs, states = self.inputs, self.states
+        req_ids = inputs.req_ids
         sampled, logprobs = self._sample_tokens()
         prompt_logprobs = self._prompt_logprobs() if self.prompt_lps is not None else {}
+        # One token per sampling request, in req_ids order (sample_req_ids keeps that order).
+        wanted = set(inputs.sample_req_ids)
+        num_sampled = np.fromiter(map(wanted.__contains__, req_ids), np.int32, len(req_ids))
         return ModelRunnerOutput(
-            req_ids=inputs.req_ids,
-            req_id_to_index={r: i for i, r in enumerate(inputs.req_ids)},
-            sampled_token_ids=[[sampled[r]] if r in sampled else [] for r in inputs.req_ids],
+            req_ids=req_ids,
+            req_id_to_index=dict(zip(req_ids, range(len(req_ids)))),
+            num_sampled=num_sampled,
+            sampled_flat=sampled,
             logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
-            failed_req_ids=runner._take_failed(inputs.req_ids),
-            grammar_terminated_req_ids=runner.grammars.advance(sampled),
+            failed_req_ids=states.take_failed(req_ids),
+            grammar_terminated_req_ids=states.grammars.advance_tokens(inputs.sample_req_ids, sampled),
         )
 
-    def _sample_tokens(self) -> tuple[dict[str, int], LogprobsLists | None]:
-        inputs, out, runner = self.inputs, self.sampler_out, self.runner
-        timer = runner.step_timer
+    def _sample_tokens(self) -> tuple[np.ndarray, LogprobsLists | None]:
+        """The sampled tokens (sample_req_ids order) and their logprobs rows, if computed."""
+        inputs, out, states, timer = self.inputs, self.sampler_out, self.states, self.timer
         if out is None:
-            return {}, None
+            return np.zeros(0, np.int32), None
         req_ids = inputs.sample_req_ids
         n = len(req_ids)
         token_ids = np.asarray(out.sampled_token_ids)[:n]  # waits for the device
         if timer:
             timer.lap("wait")
-        live = runner.input_batch.fill_placeholders(req_ids, *self.placed, token_ids)
-        token_list = token_ids.tolist()
-        runner.sampling.record_tokens([r for r, ok in zip(req_ids, live) if ok],
-                                      [t for t, ok in zip(token_list, live) if ok])
-        sampled = dict(zip(req_ids, token_list))
-        logprobs = _logprobs_rows(inputs, out, n) if out.logprob_token_ids is not None else None
+        live = states.input_batch.fill_placeholders(req_ids, *self.placed, token_ids)
+        if live.all():
+            states.sampling.record_tokens(req_ids, token_ids.tolist())
+        else:
+            states.sampling.record_tokens(list(itertools.compress(req_ids, live)), token_ids[live].tolist())
+        logprobs = None
+        if out.logprob_token_ids is not None:
+            logprobs = LogprobsLists(*(np.asarray(a)[:n] for a in (out.logprob_token_ids, out.logprobs,
+                                                                    out.sampled_token_ranks)))
         if timer:
             timer.lap("output")
-        return sampled, logprobs
+        return token_ids.astype(np.int32), logprobs
 
     def _prompt_logprobs(self) -> dict[str, LogprobsLists]:
         """Logprobs of the prompt positions computed this step that were not delivered yet."""
-        inputs, tracker = self.inputs, self.runner.prompt_logprobs
+        inputs, tracker = self.inputs, self.states.prompt_logprobs
         ids, lps, ranks = jax.device_get(self.prompt_lps)
         out = {}
         for i in tracker.wanted(inputs.req_ids):
@@ -80,13 +90,3 @@ class StepHandle:
             out[req_id] = tracker.take(req_id, int(inputs.positions[start]), stop - start, step_rows)
         return out
 
-
-def _logprobs_rows(inputs: StepInputs, out: Any, n: int) -> LogprobsLists:
-    """Sampler rows -> rows aligned with inputs.req_ids (zeros where nothing was sampled)."""
-    ids, lps, ranks = (np.asarray(a)[:n] for a in (out.logprob_token_ids, out.logprobs, out.sampled_token_ranks))
-    pos = {r: i for i, r in enumerate(inputs.req_ids)}
-    where = np.array([pos[r] for r in inputs.sample_req_ids])
-    full = lambda a: np.zeros((len(inputs.req_ids),) + a.shape[1:], a.dtype)  # noqa: E731
-    all_ids, all_lps, all_ranks = full(ids), full(lps), full(ranks)
-    all_ids[where], all_lps[where], all_ranks[where] = ids, lps, ranks
-    return LogprobsLists(token_ids=all_ids, logprobs=all_lps, ranks=all_ranks)

@@ -1,48 +1,25 @@
 """What the runner's compiled step programs share: the body's static kinds, unpacking the packed
-step inputs inside a program, gathering vocab-split logits, the attention kernels' shape rules,
-and the compile guard (a listener counting XLA compiles while a step runs)."""
+step inputs inside a program, gathering vocab-split logits and the attention kernels' shape
+rules (the compile guard is worker/compile_guard.py)."""
 
 from __future__ import annotations
 
-import logging
 import math
-import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 from flax import nnx
-
-if TYPE_CHECKING:
-    from jaxlm.worker.model_runner import ModelRunner
-
-logger = logging.getLogger(__name__)
 
 # Static kinds of the body program (see the module docstring).
 MIXED, DECODE, PROMPT_LOGPROBS = "mixed", "decode", "prompt_logprobs"
 # The attention metadata's fields among the body's packed inputs (input_batch.STEP_FIELDS).
 # prev_idx: per token, the row of the previous step's sampled tokens (device-resident) that is
 # its input id, or -1 (async scheduling: that token is not on the host yet).
-_MD_FIELDS = ("positions", "slot_mapping", "token_to_req", "block_tables", "seq_lens",
-              "context_lens", "query_start_loc")
-
-_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+MD_FIELDS = ("positions", "slot_mapping", "token_to_req", "block_tables", "seq_lens",
+             "context_lens", "query_start_loc")
 
 
-def _register_compile_listener(runner: "ModelRunner") -> None:
-    ref = weakref.ref(runner)
-
-    def on_event(name: str, duration: float, **_: Any) -> None:
-        r = ref()
-        if r is None:
-            jax.monitoring.unregister_event_duration_listener(on_event)
-        elif name == _COMPILE_EVENT and r._in_step:
-            r.num_compiles_after_warmup += 1
-            logger.warning("XLA compiled a program while serving (%.2f s): a shape escaped the buckets", duration)
-
-    jax.monitoring.register_event_duration_secs_listener(on_event)
-
-
-def _unpack(flat: jax.Array, shapes: dict[str, tuple[int, ...]]) -> dict[str, jax.Array]:
+def unpack(flat: jax.Array, shapes: dict[str, tuple[int, ...]]) -> dict[str, jax.Array]:
     out, offset = {}, 0
     for name, shape in shapes.items():
         n = math.prod(shape)

@@ -101,15 +101,15 @@ class FakeRunner:
             else:
                 sampled.append([])
         lp = None
-        if self.logprobs:  # row i: [sampled token, token + 1] with logprob -i (identifies the row)
-            first = np.array([s[0] if s else -1 for s in sampled], np.int64)
+        if self.logprobs:  # one row per sampled token: [token, token + 1] with logprob -i (its request's row)
+            first = np.array([s[0] for s in sampled if s], np.int64)
+            rows = np.array([i for i, s in enumerate(sampled) if s], np.float32)
             lp = LogprobsLists(
                 token_ids=np.stack([first, first + 1], axis=1),
-                logprobs=-np.arange(len(req_ids), dtype=np.float32)[:, None].repeat(2, 1),
-                ranks=np.ones(len(req_ids), np.int64),
+                logprobs=-rows[:, None].repeat(2, 1),
+                ranks=np.ones(len(first), np.int64),
             )
-        return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                                 sampled_token_ids=sampled, logprobs=lp)
+        return ModelRunnerOutput.from_lists(req_ids, sampled, logprobs=lp)
 
 
 def check_block_invariants(sched: Scheduler) -> None:

@@ -21,8 +21,7 @@ def _scheduler(num_blocks=64, **kw) -> AsyncScheduler:
 
 def _out(tokens: dict[str, int]) -> ModelRunnerOutput:
     ids = list(tokens)
-    return ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                             sampled_token_ids=[[tokens[r]] for r in ids])
+    return ModelRunnerOutput.from_lists(ids, [[tokens[r]] for r in ids])
 
 
 def test_placeholders_and_max_tokens():
@@ -56,7 +55,7 @@ def test_late_eos_discards_the_token_in_flight():
     so2 = s.schedule()
     [o] = s.update_from_output(so1, _out({"r": 2}))  # EOS: finished one step late
     assert o.new_token_ids == [2] and r.status == RequestStatus.FINISHED_STOPPED
-    assert s.update_from_output(so2, _out({"r": 99})) == []  # never shown
+    assert list(s.update_from_output(so2, _out({"r": 99}))) == []  # never shown
     assert r.output_token_ids == [2]
     s.schedule()
     assert_no_leak(s)

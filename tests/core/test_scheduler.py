@@ -194,7 +194,7 @@ def test_abort_mid_prefill_frees_blocks():
     assert not sched.has_unfinished_requests() and sched.has_finished_requests()
     so = sched.schedule()
     assert so.finished_req_ids == {"a", "b"} and so.is_empty
-    assert sched.update_from_output(so, runner.execute_model(so)) == []
+    assert list(sched.update_from_output(so, runner.execute_model(so))) == []
     assert sched.schedule().finished_req_ids == set()
     assert_no_leak(sched)
 
@@ -206,7 +206,7 @@ def test_abort_between_schedule_and_update_is_ignored():
     so = sched.schedule()
     out = runner.execute_model(so)
     sched.finish_requests("a", RequestStatus.FINISHED_ABORTED)
-    assert sched.update_from_output(so, out) == []
+    assert list(sched.update_from_output(so, out)) == []
     assert_no_leak(sched)
 
 
@@ -223,6 +223,13 @@ def test_unschedulable_request_is_dropped_not_spun():
     assert_no_leak(sched)
 
 
+def _reversed(mro: ModelRunnerOutput) -> ModelRunnerOutput:
+    """The same step with the runner's rows in the opposite order (logprob rows follow tokens)."""
+    lp = mro.logprobs
+    return ModelRunnerOutput.from_lists(mro.req_ids[::-1], mro.sampled_token_ids[::-1], logprobs=type(lp)(
+        lp.token_ids[::-1], lp.logprobs[::-1], lp.ranks[::-1]))
+
+
 def test_logprobs_rows_follow_requests():
     sched = make_scheduler(100, max_num_batched_tokens=64)
     runner = FakeRunner(4, logprobs=True)
@@ -230,27 +237,20 @@ def test_logprobs_rows_follow_requests():
     sched.add_request(make_request("b", list(range(100)), max_tokens=3, ignore_eos=True))
     so = sched.schedule()  # b is a partial prefill: a row but no token
     mro = runner.execute_model(so)
-    # put b's empty row first: a's logprobs are then row 1 (rows follow req_ids, one per request)
-    mro.req_ids.reverse()
-    mro.req_id_to_index = {r: i for i, r in enumerate(mro.req_ids)}
-    mro.sampled_token_ids.reverse()
-    mro.logprobs.token_ids = mro.logprobs.token_ids[::-1]  # logprobs stay -row: identify the row
+    assert mro.sampled_token_ids == [[mro.sampled_flat[0]], []] and len(mro.logprobs.ranks) == 1
+    mro = _reversed(mro)  # b's empty row first: a's token and its logprobs row are still the first
     outs = {o.req_id: o for o in sched.update_from_output(so, mro)}
     assert set(outs) == {"a"}
-    row = mro.req_ids.index("a")
-    assert row == 1
     assert outs["a"].new_logprobs.token_ids.tolist() == [[outs["a"].new_token_ids[0], outs["a"].new_token_ids[0] + 1]]
-    assert outs["a"].new_logprobs.logprobs[0, 0] == -row
+    assert outs["a"].new_logprobs.logprobs[0, 0] == 0  # the FakeRunner's row of "a" (before the reversal)
     so = sched.schedule()
     mro = runner.execute_model(so)
+    want = {rid: -mro.req_ids.index(rid) for rid in mro.req_ids}
     # rows follow the runner's order, whatever it is: reverse it
-    mro.req_ids.reverse()
-    mro.req_id_to_index = {r: i for i, r in enumerate(mro.req_ids)}
-    mro.sampled_token_ids.reverse()
-    mro.logprobs.token_ids = mro.logprobs.token_ids[::-1]
-    outs = {o.req_id: o for o in sched.update_from_output(so, mro)}
+    outs = {o.req_id: o for o in sched.update_from_output(so, _reversed(mro))}
+    assert set(outs) == {"a", "b"}
     for rid, o in outs.items():
-        assert o.new_logprobs.logprobs[0, 0] == -mro.req_ids.index(rid)
+        assert o.new_logprobs.logprobs[0, 0] == want[rid]
         assert o.new_logprobs.token_ids[0, 0] == o.new_token_ids[0]
 
 
@@ -271,7 +271,7 @@ def test_token_sampled_during_a_partial_prefill_is_discarded():
     so = sched.schedule()
     assert so.num_scheduled_tokens == {"a": 8}
     # a runner that samples every row: the token of a prompt chunk is not an output
-    assert sched.update_from_output(so, ModelRunnerOutput(["a"], {"a": 0}, [[999]])) == []
+    assert list(sched.update_from_output(so, ModelRunnerOutput.from_lists(["a"], [[999]]))) == []
     req = sched.requests["a"]
     assert req.output_token_ids == [] and req.num_computed_tokens == 8 and req.num_tokens == 20
 

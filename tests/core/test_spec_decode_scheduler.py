@@ -70,8 +70,7 @@ class SpecFakeRunner(FakeRunner):
             st.tokens.extend(out)
             sampled.append(out)
             spec.append([self.draft(rid, len(st.tokens) + j) for j in range(self.k)])
-        return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
-                                 sampled_token_ids=sampled, spec_token_ids=spec if so.propose_draft_tokens else None)
+        return ModelRunnerOutput.from_lists(req_ids, sampled, spec_token_ids=spec if so.propose_draft_tokens else None)
 
 
 def _scheduler(k: int, num_blocks: int, budget: int, *, cls=Scheduler, disable_by_batch_size=None,

@@ -158,7 +158,7 @@ def test_cumulative_mode_and_window_stays_small():
         cur = det.get_next_output_text(finished=False, delta=False)
         assert cur.startswith(last)
         last = cur
-        assert len(det._ids) < 80  # O(window), not O(sequence)
+        assert len(det._decoder) < 80  # O(window), not O(sequence)
     assert det.get_next_output_text(finished=True, delta=False) == tok.decode(out)
 
 
@@ -166,4 +166,48 @@ def test_detokenize_false():
     tok = smollm2_tokenizer()
     det = IncrementalDetokenizer(tok, [1], SamplingParams(detokenize=False))
     assert det.update([5, 6]) is None
-    assert det.output_text == "" and det.output_token_ids == [5, 6]
+    assert det.output_text == "" and det.num_output_tokens == 2
+
+
+class _SlowOnly:
+    """The same tokenizer without its Rust backend: what a slow (Python) tokenizer looks like."""
+
+    def __init__(self, tok):
+        self._tok = tok
+
+    def decode(self, ids, **kwargs):
+        return self._tok.decode(ids, **kwargs)
+
+
+def test_fast_path_for_fast_tokenizers_slow_path_otherwise(tok):
+    from jaxlm.engine.detokenizer import FastDecoder, SlowDecoder
+
+    prompt = tok.encode("Say:", add_special_tokens=False)
+    assert isinstance(IncrementalDetokenizer(tok, prompt, SamplingParams())._decoder, FastDecoder)
+    assert isinstance(IncrementalDetokenizer(_SlowOnly(tok), prompt, SamplingParams())._decoder, SlowDecoder)
+    # A prompt whose last tokens end inside a character: DecodeStream would drop it as context.
+    cut = tok.encode("ok 世", add_special_tokens=False)[:-1]
+    assert tok.decode(cut).endswith("\ufffd")
+    assert isinstance(IncrementalDetokenizer(tok, cut, SamplingParams())._decoder, SlowDecoder)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_fast_path_equals_the_python_window_on_random_ids(tok, seed):
+    """Random ids (invalid byte runs, special tokens, prompts cut mid-character), several per
+    step: DecodeStream, with its hand-over to the Python window where it refuses a step, gives
+    exactly the Python window's deltas."""
+    import random
+
+    rng = random.Random(seed)
+    handed_over = 0
+    for _ in range(40):
+        prompt = [rng.randrange(len(tok)) for _ in range(rng.randrange(0, 7))]
+        out = [rng.randrange(len(tok)) for _ in range(24)]
+        params = SamplingParams(skip_special_tokens=rng.random() < 0.5, stop=["e"] if rng.random() < 0.3 else None)
+        chunk = rng.randint(1, 3)
+        fast, _, _, det = _stream(tok, prompt, out, params, chunk)
+        slow, _, _, _ = _stream(_SlowOnly(tok), prompt, out, params, chunk)
+        assert fast == slow, (prompt, out)
+        handed_over += getattr(det._decoder, "_slow", None) is not None
+    if tok is byte_fallback_tokenizer():
+        assert handed_over > 0  # the hand-over itself was exercised

@@ -10,6 +10,7 @@ one (tests/helpers/tiny_tokenizer.py writes every tokenizer the tests use).
 
 from __future__ import annotations
 
+import copy
 import os
 from typing import Any
 
@@ -45,9 +46,9 @@ def _build(
     config: transformers.PretrainedConfig, path: str | os.PathLike, seed: int, with_tokenizer: bool | None
 ) -> str:
     path = str(path)
-    fits = config.vocab_size >= BYTE_VOCAB
+    fits = config.get_text_config().vocab_size >= BYTE_VOCAB
     if with_tokenizer and not fits:
-        raise ValueError(f"vocab_size {config.vocab_size} too small for the byte tokenizer (needs {BYTE_VOCAB})")
+        raise ValueError(f"vocab_size {config.get_text_config().vocab_size} too small for the byte tokenizer (needs {BYTE_VOCAB})")
     if with_tokenizer is None:
         with_tokenizer = fits  # default: a tokenizer whenever the vocab can hold one
     torch.manual_seed(seed)
@@ -67,8 +68,34 @@ def _build(
     return path
 
 
+# Families that differ from Llama in a few places, each with its differences switched on and
+# shaped awkwardly: family -> (config class, fields beside _TINY_COMMON).
+_DENSE_FAMILIES: dict[str, tuple[type, dict[str, Any]]] = {
+    # 3 local layers per global one, a window shorter than the prompts, head_dim 32 != 64 / 4,
+    # an attention scale from query_pre_attn_scalar != head_dim, local and global ropes that
+    # differ (global one linearly scaled), final logit soft-capping that bites; tied.
+    # attn_logit_softcapping is set although transformers' Gemma 3 ignores it.
+    "gemma3": (transformers.Gemma3TextConfig, dict(
+        head_dim=32, num_hidden_layers=5, sliding_window=4, sliding_window_pattern=4, query_pre_attn_scalar=24,
+        rope_theta=10000.0, rope_local_base_freq=100.0, rope_scaling=dict(rope_type="linear", factor=2.0),
+        final_logit_softcapping=3.0, attn_logit_softcapping=2.0, tie_word_embeddings=True)),
+    # Rope on half of each 16-wide head; longrope with a 16-token original context (factors
+    # differ per frequency); GQA 4:2.
+    "phi3": (transformers.Phi3Config, dict(
+        partial_rotary_factor=0.5, original_max_position_embeddings=16,
+        rope_scaling=dict(type="longrope", short_factor=[1.0, 1.2, 1.5, 2.0], long_factor=[1.0, 3.0, 6.0, 12.0]))),
+    # Layers 1 and 3 without rope.
+    "smollm3": (transformers.SmolLM3Config, dict(num_hidden_layers=4, no_rope_layer_interval=2,
+                                                 tie_word_embeddings=True)),
+    # All four multipliers != 1 (attention 0.2 != 16 ** -0.5).
+    "granite": (transformers.GraniteConfig, dict(embedding_multiplier=3.0, attention_multiplier=0.2,
+                                                 residual_multiplier=0.5, logits_scaling=2.5)),
+}
+
+
 def tiny_config(family: str, **overrides: Any) -> transformers.PretrainedConfig:
-    """The tiny HF config of a family ('llama', 'mistral', 'qwen2', 'qwen3', 'opt', 'gpt2')."""
+    """The tiny HF config of a family ('llama', 'mistral', 'qwen2', 'qwen3', 'opt', 'gpt2', and
+    the dense families of _DENSE_FAMILIES: 'gemma3', 'phi3', 'smollm3', 'granite')."""
     if family in ("llama", "mistral", "qwen2", "qwen3"):
         kw = dict(_TINY_COMMON, rms_norm_eps=1e-6)
         if family == "mistral":
@@ -82,6 +109,19 @@ def tiny_config(family: str, **overrides: Any) -> transformers.PretrainedConfig:
             "qwen2": transformers.Qwen2Config,
             "qwen3": transformers.Qwen3Config,
         }[family]
+        return cls(**kw)
+    if family == "gemma3_mm":  # Gemma 3's multimodal layout (4B and up): the tiny gemma3 + a vision tower
+        text = {k: v for k, v in tiny_config("gemma3").to_dict().items() if k in _DENSE_FAMILIES["gemma3"][1]
+                or k in _TINY_COMMON or k in ("rope_parameters", "layer_types", "rms_norm_eps")}
+        vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                      image_size=28, patch_size=14)
+        kw = dict(text_config=text, vision_config=vision, mm_tokens_per_image=4, initializer_range=0.1)
+        kw.update(overrides)
+        return transformers.Gemma3Config(**kw)
+    if family in _DENSE_FAMILIES:
+        cls, extra = _DENSE_FAMILIES[family]
+        kw = dict(_TINY_COMMON, rms_norm_eps=1e-6, **copy.deepcopy(extra))  # configs keep the dicts given
+        kw.update(overrides)
         return cls(**kw)
     if family == "opt":
         kw = dict(

@@ -15,6 +15,8 @@ _LAYER = {
     "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
     "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
+    # Phi-3's fused tensors
+    "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up",
 }
 _GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
            "lm_head.weight": "output.weight"}
@@ -46,7 +48,17 @@ def write_gguf(hf_dir: str, out: str, cfg, quant: gguf.GGMLQuantizationType = gg
     w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
     w.add_layer_norm_rms_eps(float(cfg.rms_norm_eps))
     w.add_vocab_size(cfg.vocab_size)
-    w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    rope = cfg.rope_parameters
+    w.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
+    if arch == "phi3":  # as llama.cpp's Phi-3 converter writes it
+        w.add_sliding_window(cfg.sliding_window or 0)
+        w.add_rope_scaling_orig_ctx_len(cfg.original_max_position_embeddings)
+        if rope.get("rope_type") == "longrope":
+            scale = cfg.max_position_embeddings / cfg.original_max_position_embeddings
+            w.add_rope_scaling_attn_factors(float(np.sqrt(1 + np.log(scale) / np.log(cfg.original_max_position_embeddings))))
+            w.add_tensor("rope_factors_long.weight", np.asarray(rope["long_factor"], np.float32))
+            w.add_tensor("rope_factors_short.weight", np.asarray(rope["short_factor"], np.float32))
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
     w.add_tokenizer_model("gpt2")
     w.add_token_list([f"t{i}" for i in range(cfg.vocab_size)])

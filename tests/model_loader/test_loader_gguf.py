@@ -176,3 +176,40 @@ def test_config_missing_required_key_or_unknown_arch_is_named():
         gguf_config_dict(_fake_reader(fields), "x.gguf")
     with pytest.raises(UnsupportedModelError, match="'falcon'.*llama, qwen2"):
         gguf_config_dict(_fake_reader({"general.architecture": "falcon"}), "x.gguf")
+
+
+def test_phi3_gguf_fused_tensors_and_longrope(tmp_path):
+    """Phi-3 as llama.cpp writes it: fused attn_qkv / ffn_up, the rotary share as a dimension
+    count, longrope's factors as two tensors. Same Params and the same rope as the HF checkpoint."""
+    from jaxlm.models.rotary import RotaryEmbedding
+    from tests.helpers.tiny_models import make_tiny_model
+
+    d = make_tiny_model("phi3", tmp_path / "phi3", num_key_value_heads=1)
+    cfg = transformers.AutoConfig.from_pretrained(d)
+    path = str(tmp_path / "phi3.gguf")
+    write_gguf(d, path, cfg, F32, arch="phi3")
+    got = resolve_model_config(ModelConfig(model=path), LoadConfig()).hf_config
+    assert type(got).__name__ == "Phi3Config" and got.sliding_window is None
+    for max_len in (16, 256):  # short and long factors (stored as F32), the same attention factor
+        a, b = (RotaryEmbedding.from_config(c, 16, max_model_len=max_len) for c in (got, cfg))
+        assert (a.theta, a.rope_type, a.rotary_dim) == (b.theta, b.rope_type, 8)
+        np.testing.assert_allclose(dict(a.fields)["ext_factors"], dict(b.fields)["ext_factors"], rtol=1e-7)
+        assert a.mscale == pytest.approx(b.mscale, rel=1e-7)
+    model = load(path)
+    hf = hf_tensors(d)
+    q, kv = 64, 16  # 4 query heads and 1 KV head of 16
+    qkv, gate_up = hf["model.layers.1.self_attn.qkv_proj.weight"], hf["model.layers.1.mlp.gate_up_proj.weight"]
+    for name, want in (("q_proj", qkv[:q]), ("k_proj", qkv[q:q + kv]), ("v_proj", qkv[q + kv:])):
+        np.testing.assert_array_equal(param_as_hf(model, f"model.layers.1.self_attn.{name}.weight"), want)
+    np.testing.assert_array_equal(param_as_hf(model, "model.layers.1.mlp.gate_proj.weight"), gate_up[:128])
+    np.testing.assert_array_equal(param_as_hf(model, "model.layers.1.mlp.up_proj.weight"), gate_up[128:])
+
+
+def test_gemma3_gguf_is_refused_saying_why():
+    from jaxlm.model_loader import UnsupportedModelError
+    from jaxlm.model_loader.gguf_utils import gguf_config_dict
+
+    fields = {k.replace("qwen2.", "gemma3."): v for k, v in _QWEN2_FIELDS.items()}
+    fields["general.architecture"] = "gemma3"
+    with pytest.raises(UnsupportedModelError, match="x.gguf.*'gemma3'.*query_pre_attn_scalar.*safetensors"):
+        gguf_config_dict(_fake_reader(fields), "x.gguf")

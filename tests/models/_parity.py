@@ -33,12 +33,14 @@ TOKEN_BUCKET = 48
 ROW_BUCKET = 4
 
 
-def build_model(path: str, dtype=jnp.float32):
-    """Abstract model (no memory) + load_weights from the safetensors file, as the loader does."""
+def build_model(path: str, dtype=jnp.float32, max_model_len: int | None = None, backend: str = "xla"):
+    """Abstract model (no memory) + load_weights from the safetensors file, as the loader does;
+    ``backend="pallas"`` runs the Pallas kernels (interpret mode on CPU)."""
     config = transformers.AutoConfig.from_pretrained(path)
     cls = get_model_architecture(config)
     model = nnx.eval_shape(
-        lambda: cls(config, dtype=dtype, attn_backend=get_attention_backend("xla"), rngs=nnx.Rngs(0))
+        lambda: cls(config, dtype=dtype, attn_backend=get_attention_backend(backend), rngs=nnx.Rngs(0),
+                    max_model_len=max_model_len)
     )
     weights = load_file(os.path.join(path, "model.safetensors"))
     loaded = model.load_weights(iter(weights.items()))
@@ -90,14 +92,15 @@ def hf_logits(hf_model, seq: Sequence[int]) -> np.ndarray:
         return hf_model(torch.tensor([list(seq)])).logits[0].numpy()
 
 
-def run_parity(path: str, prompts: Sequence[Sequence[int]], steps: int = 32, chunk: int | None = None) -> ParityResult:
+def run_parity(path: str, prompts: Sequence[Sequence[int]], steps: int = 32, chunk: int | None = None,
+               max_model_len: int | None = None, backend: str = "xla") -> ParityResult:
     """Prefill all prompts in one padded step (or in chunks of ``chunk`` tokens), then greedy
     decode all sequences together over the paged cache for ``steps`` tokens.
 
     HF check, teacher-forced: one HF forward over prompt + our tokens gives, at each position,
     the logits HF's own greedy loop would see if its history equals ours; so our tokens are
     HF's greedy tokens iff each one is the argmax of HF's logits at the position before it."""
-    model, config, cls = build_model(path)
+    model, config, cls = build_model(path, max_model_len=max_model_len, backend=backend)
     runner = JaxRunner(model, config, cls)
     n = len(prompts)
     prompt_logits: list[list[np.ndarray]] = [[] for _ in range(n)]
@@ -138,3 +141,14 @@ def run_parity(path: str, prompts: Sequence[Sequence[int]], steps: int = 32, chu
         ref_toks.append([int(t) for t in np.argmax(ref[L - 1 :], axis=-1)])
     logger.info("prefill diff %.3g decode diff %.3g", prefill_diff, decode_diff)
     return ParityResult(prefill_diff, decode_diff, ours == ref_toks, ours, ref_toks)
+
+
+def assert_parity(res: ParityResult, case: str, record_property=None) -> None:
+    """Both logit diffs within TOL and the greedy tokens equal (diffs recorded and printed)."""
+    if record_property is not None:
+        record_property("prefill_max_diff", res.prefill_max_diff)
+        record_property("decode_max_diff", res.decode_max_diff)
+    print(f"{case}: prefill max|diff| {res.prefill_max_diff:.2e}, decode {res.decode_max_diff:.2e}")
+    assert res.prefill_max_diff < TOL, res.prefill_max_diff
+    assert res.decode_max_diff < TOL, res.decode_max_diff
+    assert res.tokens_equal, f"ours {res.ours}\nhf   {res.ref}"

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import tiny_models as tm
-from tests.models._parity import TOL, run_parity
+from tests.models._parity import assert_parity, run_parity
 
 PROMPT_LENS = (5, 11, 17)
 
@@ -43,12 +43,7 @@ def test_hf_parity(case: str, tmp_path, record_property) -> None:
     maker, overrides, chunk = CASES[case]
     path = maker(tmp_path / case, **overrides)
     res = run_parity(path, _prompts(), steps=32, chunk=chunk)
-    record_property("prefill_max_diff", res.prefill_max_diff)
-    record_property("decode_max_diff", res.decode_max_diff)
-    print(f"{case}: prefill max|diff| {res.prefill_max_diff:.2e}, decode {res.decode_max_diff:.2e}")
-    assert res.prefill_max_diff < TOL, res.prefill_max_diff
-    assert res.decode_max_diff < TOL, res.decode_max_diff
-    assert res.tokens_equal, f"ours {res.ours}\nhf   {res.ref}"
+    assert_parity(res, case, record_property)
 
 
 def test_bfloat16_model_keeps_its_dtype_and_tracks_float32(tmp_path) -> None:

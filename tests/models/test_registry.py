@@ -18,6 +18,11 @@ BUILTIN = {
     "Qwen3ForCausalLM",
     "OPTForCausalLM",
     "GPT2LMHeadModel",
+    "Gemma3ForCausalLM",
+    "Gemma3ForConditionalGeneration",
+    "Phi3ForCausalLM",
+    "SmolLM3ForCausalLM",
+    "GraniteForCausalLM",
 }
 
 

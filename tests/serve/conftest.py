@@ -18,11 +18,22 @@ from jaxlm.serve.metrics import parse_metrics
 from tests.serve.server_process import ServerProcess
 
 
+# Engine arguments of the tiny servers (few buckets keep the warm-up compile short on 2 cores).
+TINY_ENGINE_ARGS: dict[str, Any] = dict(max_model_len=128, max_num_seqs=16, max_num_batched_tokens=64,
+                                        num_gpu_blocks_override=160, token_buckets=[16, 64], seq_buckets=[16],
+                                        seed=0)
+
+
 class ServerThread:
-    def __init__(self, engine: AsyncLLMEngine, cli: list[str] | None = None) -> None:
+    """The app and uvicorn in a thread of this process over an AsyncLLMEngine (whose core runs
+    in its own process when built by `serve_engine`); stop() also shuts the engine down when
+    the server owns it."""
+
+    def __init__(self, engine: AsyncLLMEngine, cli: list[str] | None = None, *, owns_engine: bool = False) -> None:
         args = make_arg_parser().parse_args(
             ["--port", "0", "--uvicorn-log-level", "warning", "--disable-uvicorn-access-log", *(cli or [])])
         self.engine = engine
+        self.owns_engine = owns_engine
         self.app = build_app(args)
         init_app_state(engine, self.app.state, args)
         self.sock = create_server_socket("127.0.0.1", 0)
@@ -49,6 +60,21 @@ class ServerThread:
         self.server.should_exit = True
         self.thread.join(30)
         self.sock.close()
+        if self.owns_engine:
+            self.engine.shutdown()
+
+
+def serve_engine(model: str, cli: list[str] | None = None, **engine_kw: Any) -> ServerThread:
+    """A ServerThread over a real engine on `model` (its core in a process of its own), built
+    from TINY_ENGINE_ARGS with engine_kw on top; the server owns the engine."""
+    from jaxlm.engine.arg_utils import EngineArgs
+
+    engine = AsyncLLMEngine.from_engine_args(EngineArgs(model=model, **{**TINY_ENGINE_ARGS, **engine_kw}))
+    try:
+        return ServerThread(engine, cli, owns_engine=True)
+    except BaseException:
+        engine.shutdown()
+        raise
 
 
 def metric(values: dict[str, float], name: str, **labels: str) -> float:
@@ -67,6 +93,15 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 20.0) -> bool:
             return True
         time.sleep(0.05)
     return predicate()
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A tiny random llama (float32) with the BPE tokenizer, built once per session. Read-only:
+    a test that changes its files builds its own."""
+    from tests.helpers.tiny_models import make_tiny_engine_model
+
+    return make_tiny_engine_model("llama", tmp_path_factory.mktemp("tiny-llama"))
 
 
 @pytest.fixture(scope="session")

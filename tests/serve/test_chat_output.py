@@ -7,7 +7,7 @@ from functools import partial
 
 from jaxlm.reasoning import DeepSeekR1ReasoningParser, Qwen3ReasoningParser
 from jaxlm.serve.chat_output import ChatOutputParsers
-from jaxlm.serve.protocol import ChatCompletionRequest
+from jaxlm.serve.protocol_chat import ChatCompletionRequest
 from jaxlm.serve.serving_chat import OpenAIServingChat, _finish_auto
 from jaxlm.serve.tool_parsers import Hermes2ProToolParser
 

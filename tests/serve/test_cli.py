@@ -32,10 +32,8 @@ def test_help_lists_server_and_engine_flags():
         assert flag in out.stdout, flag
 
 
-def test_serve_tiny_model_then_sigterm_drains_and_exits_0(tmp_path):
-    from tests.helpers.tiny_models import make_tiny_engine_model
-
-    path = make_tiny_engine_model("llama", tmp_path / "llama")
+def test_serve_tiny_model_then_sigterm_drains_and_exits_0(tmp_path, tiny_llama):
+    path = tiny_llama
     port = _free_port()
     cmd = [sys.executable, "-m", "jaxlm.serve", "--model", path, "--port", str(port), "--served-model-name", "tiny",
            "--api-key", "k", "--max-model-len", "128", "--max-num-seqs", "16", "--max-num-batched-tokens", "64",

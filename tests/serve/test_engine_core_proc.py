@@ -21,13 +21,6 @@ BODY = {"model": "tiny", "prompt": "The capital of France is", "max_tokens": 8, 
         "ignore_eos": True}
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory) -> str:
-    from tests.helpers.tiny_models import make_tiny_engine_model
-
-    return make_tiny_engine_model("llama", tmp_path_factory.mktemp("llama"))
-
-
 def _alive(pids: list[int]) -> list[int]:
     return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
 
@@ -69,8 +62,8 @@ def _health(base: str) -> int | None:
         return None
 
 
-def test_dp2_server_then_a_killed_engine_core_ends_streams_and_the_server_exits(model):
-    srv = ServerProcess(model, ["--served-model-name", "tiny", "-dp", "2"])
+def test_dp2_server_then_a_killed_engine_core_ends_streams_and_the_server_exits(tiny_llama):
+    srv = ServerProcess(tiny_llama, ["--served-model-name", "tiny", "-dp", "2"])
     try:
         children = [p.pid for p in psutil.Process(srv.proc.pid).children(recursive=True)]
         cores = [p for p in psutil.Process(srv.proc.pid).children() if "spawn_main" in " ".join(p.cmdline())]

@@ -29,11 +29,8 @@ LOOP_TEMPLATE = "{% for i in range(100000) %}{% for j in range(1000) %}x{% endfo
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    from tests.helpers.tiny_models import make_tiny_engine_model
-
-    model = make_tiny_engine_model("llama", tmp_path_factory.mktemp("llama"))
-    srv = ServerProcess(model, [
+def server(tiny_llama):
+    srv = ServerProcess(tiny_llama, [
         "--served-model-name", "tiny", "--api-key", KEY, "--trust-request-chat-template",
         "--chat-template-timeout", str(TEMPLATE_TIMEOUT_S), "--max-request-body-bytes", str(BODY_LIMIT),
         "--request-header-timeout", "2", "--max-prompts-per-request", "16", "--max-num-queued-reqs", "32",

@@ -22,13 +22,6 @@ GREEDY = {"model": "tiny", "prompt": "The capital of France is", "max_tokens": 1
           "ignore_eos": True}
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory) -> str:
-    from tests.helpers.tiny_models import make_tiny_engine_model
-
-    return make_tiny_engine_model("llama", tmp_path_factory.mktemp("llama"))
-
-
 def _stream_events(base: str, body: dict, first: threading.Event, events: list) -> None:
     try:
         with httpx.Client(base_url=base, timeout=60) as c:
@@ -42,13 +35,13 @@ def _stream_events(base: str, body: dict, first: threading.Event, events: list) 
     first.set()
 
 
-def test_faults_one_request_fails_alone_then_a_model_fault_exits(model):
-    srv = ServerProcess(model, ["--served-model-name", "tiny"], fault_patch=True,
+def test_faults_one_request_fails_alone_then_a_model_fault_exits(tiny_llama):
+    srv = ServerProcess(tiny_llama, ["--served-model-name", "tiny"], fault_patch=True,
                         env={"JAXLM_TEST_FAULT": "poison,kill"})
     try:
         http = httpx.Client(base_url=srv.base, timeout=60)
         want = http.post("/v1/completions", json=GREEDY).json()["choices"][0]["text"]
-        _second_server_on_the_port_fails_at_once(model, srv)
+        _second_server_on_the_port_fails_at_once(tiny_llama, srv)
         # One poisoned request among healthy ones: only it fails.
         results: dict[str, httpx.Response] = {}
         threads = [threading.Thread(target=lambda rid=rid: results.__setitem__(

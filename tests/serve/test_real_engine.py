@@ -8,9 +8,7 @@ import httpx
 import openai
 import pytest
 
-from jaxlm.engine.arg_utils import EngineArgs
-from jaxlm.engine.async_llm_engine import AsyncLLMEngine
-from tests.serve.conftest import ServerThread, metric, wait_for
+from tests.serve.conftest import metric, serve_engine, wait_for
 
 pytestmark = pytest.mark.timeout(600)
 MODEL = "tiny-llama"
@@ -30,18 +28,10 @@ def _same_text(tokens: list[str], text: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    from tests.helpers.tiny_models import make_tiny_engine_model
-
-    path = make_tiny_engine_model("llama", tmp_path_factory.mktemp("llama"))
-    # Few buckets keep the warm-up compile short on CI's 2 cores.
-    engine = AsyncLLMEngine.from_engine_args(EngineArgs(
-        model=path, max_model_len=128, max_num_seqs=16, max_num_batched_tokens=64,
-        num_gpu_blocks_override=160, token_buckets=[16, 64], seq_buckets=[16], seed=0))
-    srv = ServerThread(engine, ["--served-model-name", MODEL])
+def server(tiny_llama):
+    srv = serve_engine(tiny_llama, ["--served-model-name", MODEL])
     yield srv
     srv.stop()
-    engine.shutdown()
 
 
 @pytest.fixture(scope="module")

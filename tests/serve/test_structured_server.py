@@ -12,9 +12,7 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from jaxlm.engine.arg_utils import EngineArgs
-from jaxlm.engine.async_llm_engine import AsyncLLMEngine
-from tests.serve.conftest import ServerThread
+from tests.serve.conftest import ServerThread, serve_engine
 
 pytestmark = pytest.mark.timeout(600)
 MODEL = "tiny-llama"
@@ -37,18 +35,12 @@ HERMES_REGEX = (r'<tool_call>\{"name": "(get_weather|get_time)", "arguments": \{
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    from tests.helpers.tiny_models import make_tiny_engine_model
-
-    path = make_tiny_engine_model("llama", tmp_path_factory.mktemp("llama"))
-    engine = AsyncLLMEngine.from_engine_args(EngineArgs(
-        model=path, max_model_len=256, max_num_seqs=4, max_num_batched_tokens=64,
-        num_gpu_blocks_override=96, token_buckets=[16, 64], seq_buckets=[4], seed=0))
-    srv = ServerThread(engine, ["--served-model-name", MODEL, "--enable-auto-tool-choice",
-                                "--tool-call-parser", "hermes"])
+def server(tiny_llama):
+    srv = serve_engine(tiny_llama, ["--served-model-name", MODEL, "--enable-auto-tool-choice",
+                                    "--tool-call-parser", "hermes"],
+                       max_model_len=256, max_num_seqs=4, num_gpu_blocks_override=96, seq_buckets=[4])
     yield srv
     srv.stop()
-    engine.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from jaxlm.serve.errors import OpenAIError, to_openai_error
-from jaxlm.serve.protocol import ChatCompletionRequest, CompletionRequest
+from jaxlm.serve.protocol import CompletionRequest
+from jaxlm.serve.protocol_chat import ChatCompletionRequest
 from jaxlm.serve.serving_chat import OpenAIServingChat
 from jaxlm.serve.serving_completion import OpenAIServingCompletion
 

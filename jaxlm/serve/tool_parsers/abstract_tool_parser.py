@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from jaxlm.serve.protocol import DeltaMessage
+from jaxlm.serve.protocol_chat import DeltaMessage
 from jaxlm.serve.protocol_tools import (
     DeltaFunctionCall,
     DeltaToolCall,

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from jaxlm.serve.protocol import ChatCompletionRequest
+from jaxlm.serve.protocol_chat import ChatCompletionRequest
 from jaxlm.serve.tool_choice import NamedToolParser, RequiredToolParser
 from jaxlm.serve.tool_parsers import Hermes2ProToolParser, Llama3JsonToolParser, ToolParserManager
 from jaxlm.serve.tool_parsers.json_spans import array_call_spans, call_span, value_end
