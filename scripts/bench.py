@@ -253,7 +253,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="ms per decode step of a tiny model at batch 1/8/64, by part, sync and async scheduling")
     p.add_argument("--speculative-config", type=json.loads, default=None,
                    help="compare speculative decoding (vLLM's JSON object) with none (scripts/bench_spec.py)")
-    p.add_argument("--spec-workload", choices=("copy", "random", "mixed"), default="copy")
+    p.add_argument("--spec-workload", choices=("copy", "novel", "random", "mixed"), default="copy")
     p.add_argument("--spec-batch", type=int, default=1, help="max_num_seqs of the speculative comparison")
     p.add_argument("--spec-also", type=json.loads, nargs="*", default=[],
                    help="more speculating engines: fields over --speculative-config, e.g. '{\"disable_by_batch_size\": 16}'")

@@ -7,8 +7,9 @@
     python scripts/bench.py --speculative-config '{"method": "ngram", "num_speculative_tokens": 4}' \\
         --spec-workload mixed --spec-batch 64 --spec-also '{"disable_by_batch_size": 16}'
 
-Workloads: copy (chat prompts asking to repeat or lightly edit a paragraph they contain), random
-(random token prompts, 128 in / 128 out), mixed (scripts/bench.py's synthetic workload, 64
+Workloads: copy (chat prompts asking to repeat or lightly edit a paragraph they contain), novel
+(chat prompts asking for new text: little to copy), random (random token prompts, 128 in / 128
+out; SmolLM2 tends to loop on them, which n-gram lookup does find), mixed (scripts/bench.py's synthetic workload, 64
 requests at once). The engines (without speculation, with it, and with each --spec-also variant)
 are built once and run in turn, --spec-reps times; it prints each one's median output tok/s and
 decode tok/s, the ratio to the engine without speculation, and the speculating engines'
@@ -59,14 +60,25 @@ INSTRUCTIONS = [
 ]
 
 
-def copy_prompts(tokenizer: Any) -> list[list[int]]:
+NOVEL = ["Write a short story about a lighthouse keeper who finds a message in a bottle.",
+         "Explain how a bicycle works to a ten-year-old.", "List five ideas for a rainy weekend and explain each.",
+         "Describe the history of the printing press.", "What are the pros and cons of working from home?",
+         "Write a poem about the first snow of winter.", "Give me advice for a job interview tomorrow.",
+         "Describe a busy train station at rush hour."]
+
+
+def chat_prompts(tokenizer: Any, texts: list[str]) -> list[list[int]]:
     out = []
-    for i, p in enumerate(PARAGRAPHS):
-        for instr in INSTRUCTIONS[i % 2::2]:
-            msgs = [{"role": "user", "content": instr.format(p=p)}]
-            ids = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)
-            out.append(list(ids["input_ids"] if isinstance(ids, dict) else ids))
+    for text in texts:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                            tokenize=True, return_dict=False)
+        out.append(list(ids["input_ids"] if isinstance(ids, dict) else ids))
     return out
+
+
+def copy_prompts(tokenizer: Any) -> list[list[int]]:
+    return chat_prompts(tokenizer, [instr.format(p=p) for i, p in enumerate(PARAGRAPHS)
+                                    for instr in INSTRUCTIONS[i % 2::2]])
 
 
 def _workload(name: str, tokenizer: Any, vocab: int, batch: int) -> tuple[list[list[int]], list[int], bool]:
@@ -75,6 +87,9 @@ def _workload(name: str, tokenizer: Any, vocab: int, batch: int) -> tuple[list[l
     if name == "copy":
         prompts = copy_prompts(tokenizer)
         return prompts, [320] * len(prompts), False
+    if name == "novel":  # new text, little to copy: drafts mostly rejected
+        prompts = chat_prompts(tokenizer, NOVEL)
+        return prompts, [128] * len(prompts), False
     if name == "random":
         prompts = [rng.integers(100, vocab - 100, 128).tolist() for _ in range(max(4, batch))]
         return prompts, [128] * len(prompts), True

@@ -21,9 +21,9 @@ import numpy as np
 from jaxlm.config.speculative import SpeculativeConfig
 from jaxlm.core.request import Request
 from jaxlm.core.stats import SpecDecodingStats
-from jaxlm.core.step_update import gather, set_all
 
 _computed = operator.attrgetter("num_computed_tokens")
+_repeat = itertools.repeat
 
 
 class SpecDecodeScheduling:
@@ -62,13 +62,14 @@ class SpecDecodeScheduling:
         """After a verify step (computed counts already advanced by 1 + drafts): the rejected
         drafts' positions are not computed. num_sampled: each request's tokens from the runner
         (accepted drafts + 1); ok: not failed (only those count in the stats)."""
-        n_drafts = np.fromiter(map(len, map(spec_tokens.get, ids, itertools.repeat(()))), np.int64, len(ids))
+        n_drafts = np.fromiter(map(len, map(spec_tokens.get, ids, _repeat(()))), np.int64, len(ids))
         has = np.flatnonzero(n_drafts)
         if not len(has):
             return
         accepted = np.clip(num_sampled[has] - 1, 0, n_drafts[has])
         sub = [reqs[i] for i in has.tolist()]
-        set_all(sub, "num_computed_tokens", (gather(_computed, sub) - n_drafts[has] + accepted).tolist())
+        computed = np.fromiter(map(_computed, sub), np.int64, len(sub)) - n_drafts[has] + accepted
+        list(map(setattr, sub, _repeat("num_computed_tokens"), computed.tolist()))
         counted = ok[has]
         self.stats.observe_drafts(n_drafts[has][counted], accepted[counted])
 
@@ -79,4 +80,4 @@ class SpecDecodeScheduling:
         if spec_token_ids is None:
             return
         drafts = list(spec_token_ids) + [[]]  # row -1: none
-        set_all(reqs, "spec_token_ids", list(map(drafts.__getitem__, rows.tolist())))
+        list(map(setattr, reqs, _repeat("spec_token_ids"), map(drafts.__getitem__, rows.tolist())))
