@@ -45,6 +45,8 @@ class RequestStateStats:
     num_generation_tokens: int = 0
     # first_token_ts - arrival_time (TTFT), set with first_token_ts.
     first_token_latency: float | None = None
+    # The engine core serving it (data parallel: 0 .. N-1), /metrics' `engine` label.
+    engine_index: int = 0
 
 
 @dataclasses.dataclass

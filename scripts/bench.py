@@ -33,7 +33,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import bench_engine  # noqa: E402  (scripts/bench_engine.py: what runs inside the engine processes)
 
-from jaxlm.benchmarks.workload import Workload, load_workload  # noqa: E402
+from jaxlm.benchmarks.workload import Workload, load_workload, synthetic_spec_within  # noqa: E402
 from jaxlm.config import CacheConfig, SchedulerConfig  # noqa: E402
 from jaxlm.worker.bucket_planner import derive_buckets, parse_bucket_spec  # noqa: E402
 
@@ -55,10 +55,26 @@ def _model_info(args) -> tuple[int, object, object]:
     return int(mc.hf_config.vocab_size), tok, mc
 
 
-def _workload(args, vocab: int, tok) -> Workload:
+def _workload(args, vocab: int, tok, model_len: int) -> Workload:
+    """The workload, within the model's context (model_len: its positions, as the engine caps
+    them): the default synthetic one is fitted to it (said in one line); another whose requests
+    do not fit is refused before anything compiles, unless --max-model-len asks to drop them."""
+    if args.max_model_len and args.max_model_len > model_len:
+        raise ValueError(f"--max-model-len {args.max_model_len} is more than the model's {model_len} positions")
+    limit = args.max_model_len or model_len
     wl = load_workload(args.workload, vocab, args.output_len, args.num_requests).tokenized(tok)
-    if args.max_model_len:
-        wl = wl.fitting(args.max_model_len)
+    if wl.max_total_len() > limit:
+        if args.workload == "synthetic":
+            spec = synthetic_spec_within(limit)
+            print(f"the default workload's requests need up to {wl.max_total_len()} tokens and the model holds "
+                  f"{limit}: running {spec} instead", flush=True)
+            wl = load_workload(spec, vocab, args.output_len, args.num_requests).tokenized(tok)
+        elif args.max_model_len:
+            wl = wl.fitting(limit)  # as asked: the requests that do not fit are dropped (logged)
+        else:
+            n = sum(len(r.prompt_token_ids) + r.output_len > limit for r in wl.requests)
+            raise ValueError(f"workload {wl.name}: {n} of {len(wl.requests)} requests need more than the model's "
+                             f"{limit} tokens (up to {wl.max_total_len()}); pass --max-model-len {limit} to drop them")
     return wl.with_request_rate(args.request_rate, args.seed)
 
 
@@ -289,7 +305,10 @@ def main(argv: list[str] | None = None) -> None:
                 json.dump(res, f, indent=2)
         return
     vocab, tok, mc = _model_info(args)
-    wl = _workload(args, vocab, tok)
+    try:
+        wl = _workload(args, vocab, tok, mc.max_model_len)
+    except ValueError as e:  # one line, before anything compiles
+        sys.exit(f"bench.py: {e}")
     eng = _engine_kwargs(args, wl)
     print(f"workload {wl.name}: {len(wl.requests)} requests; engine {eng}", flush=True)
     configs = [_resolve_config(name, args, eng, wl) for name in args.buckets]

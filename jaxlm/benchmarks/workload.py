@@ -108,6 +108,19 @@ def synthetic_workload(num: int, prompt_len: tuple[int, int], output_len: tuple[
     return Workload(name, reqs)
 
 
+def synthetic_spec_within(max_model_len: int) -> str:
+    """The default synthetic workload's spec with its prompt and output ranges scaled down
+    together so that every request fits in max_model_len tokens (prompt + output)."""
+    (p_lo, p_hi), (o_lo, o_hi) = (_range(_SYNTHETIC_DEFAULTS[k], k) for k in ("prompt", "output"))
+    if max_model_len < p_lo + o_lo:
+        raise ValueError(f"max_model_len={max_model_len} holds no request of the synthetic workload "
+                         f"(at least {p_lo + o_lo} tokens)")
+    scale = min(1.0, max_model_len / (p_hi + o_hi))
+    o_hi = max(o_lo, int(o_hi * scale))
+    p_hi = max(p_lo, min(int(p_hi * scale), max_model_len - o_hi))
+    return f"synthetic:prompt={p_lo}-{p_hi},output={o_lo}-{o_hi}"
+
+
 def _jsonl(path: str, default_output_len: int) -> list[WorkloadRequest]:
     reqs = []
     with open(path) as f:

@@ -47,8 +47,14 @@ class ModelConfig:
         if self.enforce_eager:
             raise ValueError("enforce_eager=True is not supported: jaxlm runs only compiled XLA programs "
                              "(--compilation-cache-dir keeps them across restarts)")
-        if self.chat_template is not None and os.path.isfile(self.chat_template):
-            with open(self.chat_template, encoding="utf-8") as f:
-                self.chat_template = f.read()
-        elif self.chat_template is not None and not any(c in self.chat_template for c in "{}\n"):
-            raise ValueError(f"chat_template {self.chat_template!r} looks like a path, but no such file exists")
+        self.chat_template = load_chat_template(self.chat_template)
+
+
+def load_chat_template(chat_template: str | None) -> str | None:
+    """A chat template given as a file's path (read) or as the template itself (vLLM's rule)."""
+    if chat_template is not None and os.path.isfile(chat_template):
+        with open(chat_template, encoding="utf-8") as f:
+            return f.read()
+    if chat_template is not None and not any(c in chat_template for c in "{}\n"):
+        raise ValueError(f"chat_template {chat_template!r} looks like a path, but no such file exists")
+    return chat_template

@@ -268,14 +268,24 @@ class AsyncLLMEngine:
 
     def _loop(self, engine: "LLMEngine") -> None:
         last_stats = 0.0
+        # Core processes keep reporting while idle (a heartbeat with fresh stats, and at once
+        # after the abort that ends the last request): an idle front end reads them, so the
+        # gauges drop to zero without a new request.
+        remote = getattr(engine, "has_core_process", False)
         while True:
             with self._cv:
-                while not self._commands and not self._stop and not engine.has_unfinished_requests():
+                while not remote and self._idle_locked(engine):
                     self._publish_stats_locked(engine)  # idle: the gauges must read zero now
                     if not self._cv.wait(_POLL_S):
                         engine.check_health()  # a core that dies while idle kills the engine too
+                idle = self._idle_locked(engine)
+                if idle:
+                    self._publish_stats_locked(engine)
                 commands, self._commands = self._commands, []
                 stop, abort_on_stop = self._stop, self._abort_on_stop
+            if idle:  # a new command wakes this wait (engine.wakeup)
+                self._dispatch(engine, engine.step_routed(timeout=_POLL_S))  # late outputs reach nobody
+                continue
             for cmd in commands:
                 if isinstance(cmd, _Abort):
                     engine.abort_request(cmd.internal_ids, internal=True)
@@ -295,6 +305,9 @@ class AsyncLLMEngine:
                 if now - last_stats >= _STATS_INTERVAL_S:
                     self._publish_stats(engine)
                     last_stats = now
+
+    def _idle_locked(self, engine: "LLMEngine") -> bool:
+        return not self._commands and not self._stop and not engine.has_unfinished_requests()
 
     def _add(self, engine: "LLMEngine", cmd: _Add) -> None:
         with self._cv:

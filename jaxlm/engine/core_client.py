@@ -54,8 +54,9 @@ class EngineCoreClient(abc.ABC):
         return SyncMPClient(config, core_env)
 
     @abc.abstractmethod
-    def add_request(self, requests: list[EngineCoreRequest]) -> None:
-        """One user request's sequences (first child first)."""
+    def add_request(self, requests: list[EngineCoreRequest]) -> int:
+        """One user request's sequences (first child first); returns the index of the engine
+        core that takes them."""
 
     @abc.abstractmethod
     def abort_requests(self, request_ids: list[str]) -> None: ...
@@ -99,8 +100,9 @@ class InprocClient(EngineCoreClient):
         self.engine_core = EngineCore(config)
         self._stats = self.engine_core.make_stats()
 
-    def add_request(self, requests: list[EngineCoreRequest]) -> None:
+    def add_request(self, requests: list[EngineCoreRequest]) -> int:
         self.engine_core.add_request(requests)  # raises at once: nothing is queued
+        return self.engine_core.engine_index
 
     def abort_requests(self, request_ids: list[str]) -> None:
         self.engine_core.abort_requests(request_ids)
@@ -207,12 +209,13 @@ class SyncMPClient(EngineCoreClient):
     def _pick_core(self) -> _CoreHandle:
         return self.cores[0]
 
-    def add_request(self, requests: list[EngineCoreRequest]) -> None:
+    def add_request(self, requests: list[EngineCoreRequest]) -> int:
         core = self._pick_core()
         for r in requests:
             self._owner[r.request_id] = core.index
         core.num_adds_sent += 1
         self._send(core, EngineCoreRequestType.ADD, requests)
+        return core.index
 
     def abort_requests(self, request_ids: list[str]) -> None:
         by_core: dict[int, list[str]] = {}

@@ -8,9 +8,9 @@ import time
 from typing import Any, Iterable
 
 from jaxlm.core.scheduler import Scheduler
-from jaxlm.core.stats import merge_scheduler_stats
 from jaxlm.engine.core import EngineCore
 from jaxlm.engine.core_client import EngineCoreClient, InprocClient, prepare_frontend_process
+from jaxlm.engine.engine_stats import FrontendStats
 from jaxlm.engine.messages import EngineCoreRejection, EngineCoreRequest
 from jaxlm.engine.arg_utils import EngineArgs
 from jaxlm.engine.exceptions import QueueFullError
@@ -19,6 +19,7 @@ from jaxlm.engine.generation_config import (
 from jaxlm.engine.input_processor import (
     InputProcessor, InvalidRequestError, PromptType, ProcessedPrompt, make_internal_request_id)
 from jaxlm.engine.output_processor import OutputProcessor, ParentRequest
+from jaxlm.engine.stat_logger import LoggingStatLogger
 from jaxlm.executor.abstract import Executor
 from jaxlm.executor.distributed import init_distributed
 from jaxlm.config import EngineConfig
@@ -27,14 +28,11 @@ from jaxlm.core.outputs import FinishReason
 from jaxlm.outputs import CompletionOutput, RequestOutput
 from jaxlm.sample.builder import SamplingInputBuilder
 from jaxlm.sampling_params import SamplingParams
-from jaxlm.spec_decode.metrics import SpecDecodingLogging
 from jaxlm.spec_decode.setup import resolve_speculative_config
 from jaxlm.worker.bucket_planner import resolve_auto_buckets
 from jaxlm.structured_output.manager import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
-
-_STATS_INTERVAL_S = 5.0
 
 
 class LLMEngine:
@@ -86,10 +84,10 @@ class LLMEngine:
         # Routing (internal) id -> why it failed: a message for requests finished with
         # FinishReason.ERROR, the exception for adds a core refused.
         self._request_errors: dict[str, str | Exception] = {}
-        self.generation_tokens_total = 0
-        self._last_log = time.monotonic()
-        self._last_log_tokens = (0, 0)
-        self._spec_logging = SpecDecodingLogging()
+        # Tokens per engine core (/metrics' `engine` label); the periodic stats line unless
+        # --disable-log-stats.
+        self.frontend_stats = FrontendStats(self.engine_core.num_engines)
+        self.stat_logger = None if config.observability_config.disable_log_stats else LoggingStatLogger()
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs, *, multiprocess: bool = False) -> "LLMEngine":
@@ -100,6 +98,12 @@ class LLMEngine:
             raise RuntimeError("the engine core runs in another process: its scheduler and runner "
                                "are not reachable from here")
         return self.engine_core.engine_core
+
+    @property
+    def has_core_process(self) -> bool:
+        """The engine core(s) run in processes of their own: their outputs, and an idle core's
+        heartbeat with its fresh stats, arrive through step_routed."""
+        return not isinstance(self.engine_core, InprocClient)
 
     @property
     def scheduler(self) -> Scheduler:
@@ -178,12 +182,14 @@ class LLMEngine:
         # In-process, a refusal (QueueFullError, ValueError) raises here; a core process refuses
         # later (step_routed reports it), so the request's state exists before it is sent.
         try:
-            self.engine_core.add_request([
+            engine_index = self.engine_core.add_request([
                 EngineCoreRequest(child_id, processed.prompt_token_ids, child_params, self.eos_token_id, arrival_time)
                 for child_id, child_params, _, _ in children])
         except Exception:
             self.output_processor.abort_requests([internal_id])
             raise
+        for child_id, _, _, _ in children:  # the core serving it: /metrics' `engine` label
+            self.output_processor.request_states[child_id].metrics.engine_index = engine_index
         self._live_ids.add(internal_id)
         return internal_id
 
@@ -245,8 +251,12 @@ class LLMEngine:
                 self._note_error(core_id, why)
             for rejection in batch.rejected:
                 routed.extend(self._reject(rejection))
-            self.generation_tokens_total += len(batch.outputs.new_token_ids)
+            prompt_tokens_done = self.output_processor.num_prompt_tokens_done
             processed = self.output_processor.process_outputs(batch.outputs)
+            if len(batch.outputs):  # a step (not an idle core's heartbeat)
+                self.frontend_stats.record_step(
+                    batch.engine_index, self.output_processor.num_prompt_tokens_done - prompt_tokens_done,
+                    len(batch.outputs.new_token_ids))
             if processed.to_abort:  # stop strings end requests the core still thinks are running
                 self.engine_core.abort_requests(processed.to_abort)
             routed.extend(processed.routed)
@@ -257,7 +267,8 @@ class LLMEngine:
         for internal_id, out in routed:
             if out.finished:
                 self._live_ids.discard(internal_id)
-        self._maybe_log_stats()
+        if self.stat_logger is not None:
+            self.stat_logger.maybe_log(self.get_stats)
         return routed
 
     def _reject(self, rejection: EngineCoreRejection) -> list[tuple[str, RequestOutput]]:
@@ -299,39 +310,6 @@ class LLMEngine:
             prompt_logprobs=None, outputs=[failed], finished=True, metrics=state.metrics))]
 
     def get_stats(self) -> dict[str, Any]:
-        """The totals over the engine cores (vLLM's metric names as keys), and each core's
-        SchedulerStats under "engines" (the /metrics per-engine series)."""
-        engines = self.engine_core.get_scheduler_stats()
-        s = merge_scheduler_stats(engines)
-        return {
-            "num_requests_running": s.num_running_reqs,
-            "num_requests_waiting": s.num_waiting_reqs,
-            "kv_cache_usage_perc": s.kv_cache_usage,
-            "prefix_cache_queries": s.prefix_cache_queries,
-            "prefix_cache_hits": s.prefix_cache_hits,
-            "num_preemptions_total": s.num_preemptions,
-            "prompt_tokens_total": self.output_processor.num_prompt_tokens_done,
-            "generation_tokens_total": self.generation_tokens_total,
-            # A copy: the frontend reads it on another thread (vllm:iteration_tokens_total).
-            "iteration_tokens": self.output_processor.iteration_tokens.snapshot(),
-            "spec_decoding": s.spec_decoding_stats,  # None unless the engine speculates
-            "engines": list(engines),
-        }
-
-    def _maybe_log_stats(self) -> None:
-        now = time.monotonic()
-        if now - self._last_log < _STATS_INTERVAL_S:
-            return
-        elapsed = now - self._last_log
-        p0, g0 = self._last_log_tokens
-        s = self.get_stats()
-        prompt_total = s["prompt_tokens_total"]
-        hit_rate = s["prefix_cache_hits"] / s["prefix_cache_queries"] if s["prefix_cache_queries"] else 0.0
-        logger.info(
-            "Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, "
-            "Running: %d reqs, Waiting: %d reqs, KV cache usage: %.1f%%, Prefix cache hit rate: %.1f%%",
-            (prompt_total - p0) / elapsed, (self.generation_tokens_total - g0) / elapsed,
-            s["num_requests_running"], s["num_requests_waiting"], 100 * s["kv_cache_usage_perc"], 100 * hit_rate)
-        self._spec_logging.log(s["spec_decoding"], logger.info)
-        self._last_log = now
-        self._last_log_tokens = (prompt_total, self.generation_tokens_total)
+        """The totals over the engine cores (vLLM's metric names as keys), and per core its
+        SchedulerStats ("engines") and token counters ("engine_tokens"): /metrics' series."""
+        return self.frontend_stats.get_stats(self.engine_core.get_scheduler_stats())

@@ -8,7 +8,6 @@ output (LLM.generate) without stop strings is detokenized when it finishes, not 
 
 from __future__ import annotations
 
-import bisect
 import dataclasses
 import itertools
 import logging
@@ -25,30 +24,6 @@ from jaxlm.outputs import CompletionOutput, RequestOutput, RequestStateStats
 from jaxlm.sampling_params import RequestOutputKind, SamplingParams
 
 logger = logging.getLogger(__name__)
-
-
-# vllm:iteration_tokens_total bucket bounds (vLLM's).
-ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
-
-
-@dataclasses.dataclass
-class IterationTokensStats:
-    """Cumulative histogram of the tokens each engine step handled: the prompt tokens of requests
-    whose first token came out in it plus its new tokens (vLLM's IterationStats rule). Kept on
-    the engine thread, read as a snapshot (the frontend sees steps only through get_stats)."""
-
-    bucket_counts: list[int] = dataclasses.field(
-        default_factory=lambda: [0] * (len(ITERATION_TOKENS_BUCKETS) + 1))  # last: +Inf
-    sum: int = 0
-    count: int = 0
-
-    def observe(self, num_tokens: int) -> None:
-        self.bucket_counts[bisect.bisect_left(ITERATION_TOKENS_BUCKETS, num_tokens)] += 1
-        self.sum += num_tokens
-        self.count += 1
-
-    def snapshot(self) -> "IterationTokensStats":
-        return IterationTokensStats(list(self.bucket_counts), self.sum, self.count)
 
 
 @dataclasses.dataclass
@@ -136,7 +111,6 @@ class OutputProcessor:
         self.token_decoder = TokenDecoder(tokenizer)
         # Prompt tokens of requests whose prefill finished (vllm:prompt_tokens_total).
         self.num_prompt_tokens_done = 0
-        self.iteration_tokens = IterationTokensStats()
 
     def add_request(self, request_id: str, external_req_id: str, prompt: str | None,
                     prompt_token_ids: list[int], params: SamplingParams, arrival_time: float,
@@ -175,7 +149,6 @@ class OutputProcessor:
         if not n:
             return result
         now = time.time()
-        prompt_tokens_done = self.num_prompt_tokens_done
         states = list(map(self.request_states.get, batch.req_ids))
         counts = batch.num_new_tokens
         offsets = batch.token_offsets()
@@ -214,7 +187,6 @@ class OutputProcessor:
             except Exception as e:  # noqa: BLE001 - attributed to this request only
                 logger.exception("request %s: processing its output failed", batch.req_ids[i])
                 result.failed[batch.req_ids[i]] = f"{type(e).__name__}: {e}"
-        self.iteration_tokens.observe(self.num_prompt_tokens_done - prompt_tokens_done + len(batch.new_token_ids))
         return result
 
     @staticmethod

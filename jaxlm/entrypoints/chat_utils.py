@@ -1,7 +1,12 @@
-"""Chat messages as chat templates read them (vLLM's chat_utils): used by the server's chat
-completions and /tokenize, and by LLM.chat.
+"""Chat messages and the chat template (vLLM's chat_utils): the one place that decides which
+template renders a conversation and renders it, for the server's chat completions, /tokenize
+with messages, tool calling and reasoning, and for LLM.chat.
 
-Leaf module (no jax, no pydantic): messages come as dicts (LLM.chat) or as the server's
+The template is the one given (--chat-template, LLM(chat_template=...) or
+LLM.chat(..., chat_template=...)), else the tokenizer's; a model with neither is refused with
+an error that names --chat-template (the server's 400).
+
+Light module (no jax, no pydantic): messages come as dicts (LLM.chat) or as the server's
 pydantic ChatMessage (its extra fields, e.g. tool_calls, in model_extra)."""
 
 from __future__ import annotations
@@ -11,6 +16,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from jaxlm.engine.input_processor import InvalidRequestError
+
+NO_CHAT_TEMPLATE = ("this model's tokenizer has no chat template: give one with --chat-template (a Jinja "
+                    "file or the template itself; chat_template= for LLM and LLM.chat)")
+
+
+class NoChatTemplateError(InvalidRequestError):
+    """Neither a template was given nor does the tokenizer have one."""
+
+    def __init__(self) -> None:
+        super().__init__("messages", NO_CHAT_TEMPLATE)
 
 
 def content_text(content: str | list[dict[str, Any]] | None) -> str:
@@ -30,14 +45,17 @@ def _fields(message: Any) -> Mapping[str, Any]:
     if isinstance(message, Mapping):
         return message
     # A pydantic ChatMessage: its declared fields and the extras a client sent (tool_calls, ...).
-    return {"role": message.role, "content": message.content, **(message.model_extra or {})}
+    return {"role": message.role, "content": message.content, "name": message.name, **(message.model_extra or {})}
 
 
 def message_dict(message: Any) -> dict[str, Any]:
-    """A message as chat templates read it: content as text, tool calls' arguments as objects
-    (what HF templates expect, as vLLM passes them), and the tool message's tool_call_id."""
+    """A message as chat templates read it (the fields vLLM passes): role, content as text, name,
+    tool calls with their arguments as objects (what HF templates expect), and the tool
+    message's tool_call_id."""
     fields = _fields(message)
     out: dict[str, Any] = {"role": fields.get("role"), "content": content_text(fields.get("content"))}
+    if fields.get("name") is not None:
+        out["name"] = fields["name"]
     if fields.get("tool_calls"):
         calls = []
         for call in fields["tool_calls"]:
@@ -59,3 +77,25 @@ def message_dict(message: Any) -> dict[str, Any]:
 def parse_chat_messages(messages: list[Any]) -> list[dict[str, Any]]:
     """The conversation a chat template renders."""
     return [message_dict(m) for m in messages]
+
+
+def resolve_chat_template(tokenizer: Any, chat_template: str | None) -> str | None:
+    """The template to render with: the one given, else None for the tokenizer's own (which
+    may be a dict of named templates that transformers picks from); NoChatTemplateError when
+    there is neither."""
+    if chat_template:
+        return chat_template
+    if getattr(tokenizer, "chat_template", None):
+        return None
+    raise NoChatTemplateError()
+
+
+def apply_chat_template(tokenizer: Any, conversation: list[dict[str, Any]], chat_template: str | None = None, *,
+                        add_generation_prompt: bool = True, continue_final_message: bool = False,
+                        **kwargs: Any) -> str:
+    """The prompt text of a conversation (parse_chat_messages), through the resolved template.
+    kwargs: the template's extra variables (tools, chat_template_kwargs)."""
+    return tokenizer.apply_chat_template(
+        conversation, chat_template=resolve_chat_template(tokenizer, chat_template), tokenize=False,
+        add_generation_prompt=add_generation_prompt and not continue_final_message,
+        continue_final_message=continue_final_message, **kwargs)

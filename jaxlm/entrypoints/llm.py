@@ -8,7 +8,9 @@ from typing import Any, Sequence
 
 from tqdm import tqdm
 
+from jaxlm.config.model import load_chat_template
 from jaxlm.engine.arg_utils import EngineArgs
+from jaxlm.entrypoints.chat_utils import apply_chat_template, parse_chat_messages
 from jaxlm.engine.input_processor import PromptType
 from jaxlm.engine.llm_engine import LLMEngine
 from jaxlm.outputs import RequestOutput
@@ -41,6 +43,7 @@ def _engine_args(model: str | None, kwargs: dict[str, Any]) -> EngineArgs:
     if unknown:
         raise TypeError(f"Unknown engine argument(s): {', '.join(sorted(unknown))} "
                         "(jaxlm's are the fields of jaxlm.EngineArgs)")
+    kwargs.setdefault("disable_log_stats", True)  # vLLM's LLM default: no periodic stats line
     return EngineArgs(model=model, **kwargs)
 
 
@@ -108,20 +111,22 @@ class LLM:
              add_generation_prompt: bool = True, continue_final_message: bool = False,
              chat_template_kwargs: dict[str, Any] | None = None,
              tools: list[dict[str, Any]] | None = None) -> list[RequestOutput]:
-        """Render each conversation with the tokenizer's chat template, then generate. tools
-        (OpenAI's {"type": "function", "function": {...}} dicts) reach the template as ``tools``;
-        to force a call, constrain the output (SamplingParams(structured_outputs=...))."""
+        """Render each conversation with the chat template (this call's chat_template, else
+        LLM(chat_template=...), else the tokenizer's: a file's path or the template itself),
+        then generate. tools (OpenAI's {"type": "function", "function": {...}} dicts) reach the
+        template as ``tools``; to force a call, constrain the output
+        (SamplingParams(structured_outputs=...))."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         tokenizer = self.get_tokenizer()
+        template = load_chat_template(chat_template) or self.llm_engine.model_config.chat_template
         prompts = []
         for conversation in conversations:
-            ids = tokenizer.apply_chat_template(
-                conversation, chat_template=chat_template, add_generation_prompt=add_generation_prompt,
-                continue_final_message=continue_final_message, tokenize=True, return_dict=False,
-                tools=tools, **(chat_template_kwargs or {}))
-            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-                ids = ids["input_ids"]
-            prompts.append({"prompt_token_ids": list(ids)})
+            text = apply_chat_template(tokenizer, parse_chat_messages(conversation), template,
+                                       add_generation_prompt=add_generation_prompt,
+                                       continue_final_message=continue_final_message, tools=tools,
+                                       **(chat_template_kwargs or {}))
+            # The template carries BOS: no special tokens added again (as the server).
+            prompts.append({"prompt_token_ids": list(tokenizer.encode(text, add_special_tokens=False))})
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def _run_engine(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:

@@ -17,12 +17,14 @@ from fastapi.middleware.cors import CORSMiddleware
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 import jaxlm
+from jaxlm.config.model import load_chat_template
 from jaxlm.engine.arg_utils import EngineArgs
 from jaxlm.engine.async_llm_engine import AsyncLLMEngine
 from jaxlm.serve.chat_template import ChatTemplatePolicy
 from jaxlm.serve.errors import install_error_handlers
 from jaxlm.serve.metrics import ServerMetrics, cache_config_info
 from jaxlm.serve.middleware import AuthenticationMiddleware, BodyLimitMiddleware
+from jaxlm.serve.request_logger import RequestLogger
 from jaxlm.serve.routes import ROUTERS
 from jaxlm.serve.serving_chat import OpenAIServingChat
 from jaxlm.serve.serving_completion import OpenAIServingCompletion
@@ -72,12 +74,25 @@ def init_app_state(engine: AsyncLLMEngine, state: Any, args: argparse.Namespace)
     state.model_path = model_config.model
     state.max_model_len = max_model_len
     state.metrics = ServerMetrics(names[0], max_model_len, engine.get_stats,
-                                  cache_config_info(engine.engine_config.cache_config))
-    state.serving_completion = OpenAIServingCompletion(engine, names, max_model_len, state.metrics)
-    state.serving_chat = OpenAIServingChat(engine, names, max_model_len, state.metrics)
+                                  cache_config_info(engine.engine_config.cache_config),
+                                  num_engines=engine.engine_config.parallel_config.data_parallel_size)
+    chat_template = load_chat_template(getattr(args, "chat_template", None))
+    request_logger = _request_logger(args, engine.engine_config.observability_config)
+    state.serving_completion = OpenAIServingCompletion(engine, names, max_model_len, state.metrics, chat_template,
+                                                       request_logger)
+    state.serving_chat = OpenAIServingChat(engine, names, max_model_len, state.metrics, chat_template,
+                                           request_logger)
     state.serving_chat.template_policy = ChatTemplatePolicy(
         trust_request_chat_template=args.trust_request_chat_template, timeout_s=args.chat_template_timeout)
     state.serving_chat.configure(args)  # tool-call and reasoning parsers
+
+
+def _request_logger(args: argparse.Namespace, observability: Any) -> RequestLogger | None:
+    """--enable-log-requests / --max-log-len, from the server's flags or the engine's config."""
+    if not (getattr(args, "enable_log_requests", False) or observability.enable_log_requests):
+        return None
+    max_log_len = getattr(args, "max_log_len", None)
+    return RequestLogger(max_log_len if max_log_len is not None else observability.max_log_len)
 
 
 def create_server_socket(host: str, port: int) -> socket.socket:

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from jaxlm.engine.exceptions import EngineDeadError, EngineGenerateError, QueueFullError
+from jaxlm.engine.input_processor import InvalidRequestError
 from jaxlm.serve.protocol import ErrorInfo, ErrorResponse
 
 logger = logging.getLogger(__name__)
@@ -83,6 +84,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(OpenAIError)
     async def _openai(_: Request, exc: OpenAIError) -> JSONResponse:
         return error_json(exc.message, exc.status, exc.param)
+
+    @app.exception_handler(InvalidRequestError)  # e.g. a message chat_utils cannot read: a 400
+    async def _invalid(_: Request, exc: InvalidRequestError) -> JSONResponse:
+        return error_json(str(exc), 400, exc.param)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:

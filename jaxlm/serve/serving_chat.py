@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from functools import partial
 from typing import Any
 
-from jaxlm.entrypoints.chat_utils import parse_chat_messages
+from jaxlm.entrypoints.chat_utils import NoChatTemplateError, apply_chat_template, parse_chat_messages
 from jaxlm.outputs import Logprob
 from jaxlm.reasoning import ReasoningParser, ReasoningParserManager
 from jaxlm.serve.chat_output import ChatOutputParsers, ChoiceOutput
@@ -100,18 +100,15 @@ class OpenAIServingChat(OpenAIServing):
     def render(self, messages: list[ChatMessage], add_generation_prompt: bool = True,
                continue_final_message: bool = False, kwargs: dict[str, Any] | None = None,
                add_special_tokens: bool = False) -> list[int]:
-        """Chat template -> token ids (the template carries BOS: no special tokens added again
-        unless add_special_tokens, as vLLM)."""
-        if getattr(self.tokenizer, "chat_template", None) is None:
-            raise OpenAIError("this model's tokenizer has no chat template", 400, "messages")
+        """Chat template (--chat-template, else the tokenizer's: chat_utils decides) -> token ids
+        (the template carries BOS: no special tokens added again unless add_special_tokens, as vLLM)."""
+        conversation = parse_chat_messages(messages)
         try:
-            text = self.tokenizer.apply_chat_template(
-                parse_chat_messages(messages),
-                tokenize=False,
-                add_generation_prompt=add_generation_prompt and not continue_final_message,
-                continue_final_message=continue_final_message,
-                **(kwargs or {}),
-            )
+            text = apply_chat_template(self.tokenizer, conversation, self.chat_template,
+                                       add_generation_prompt=add_generation_prompt,
+                                       continue_final_message=continue_final_message, **(kwargs or {}))
+        except NoChatTemplateError as e:
+            raise OpenAIError(str(e), 400, e.param) from e
         except Exception as e:  # noqa: BLE001 - template errors are the request's fault
             raise OpenAIError(f"chat template failed: {e}", 400, "messages") from e
         return self.encode(text, add_special_tokens=add_special_tokens)

@@ -71,11 +71,11 @@ class OpenAIServingCompletion(OpenAIServing):
         prompts = await asyncio.to_thread(self._prompts, request)  # tokenization off the event loop
         request_id = f"cmpl-{request.request_id or random_uuid()}"
         generators = []
-        for i, (_, ids) in enumerate(prompts):
+        for i, (text, ids) in enumerate(prompts):
             # echo with max_tokens=0: one token is generated (the engine always samples) and dropped.
             max_tokens = self.resolve_max_tokens(len(ids), 1 if request.echo_only else request.max_tokens)
             params = self.build_params(request.to_sampling_params, max_tokens, structured_outputs)
-            generators.append(self.generate(ids, params, f"{request_id}-{i}", arrival_time))
+            generators.append(self.generate(ids, params, f"{request_id}-{i}", arrival_time, text))
         merged = merge_async_iterators(*generators)
         try:
             first = await anext(merged)

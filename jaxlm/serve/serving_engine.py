@@ -22,6 +22,7 @@ from jaxlm.sampling_params import SamplingParams
 from jaxlm.serve.errors import OpenAIError, error_response, to_openai_error
 from jaxlm.serve.metrics import ServerMetrics
 from jaxlm.serve.protocol import PromptLogprob, SamplingRequest
+from jaxlm.serve.request_logger import RequestLogger
 from jaxlm.structured_output.params import StructuredOutputsParams
 
 logger = logging.getLogger(__name__)
@@ -84,6 +85,8 @@ class OpenAIServing:
         served_model_names: list[str],
         max_model_len: int,
         metrics: ServerMetrics,
+        chat_template: str | None = None,
+        request_logger: RequestLogger | None = None,
     ) -> None:
         self.engine = engine
         self.served_model_names = served_model_names
@@ -94,6 +97,10 @@ class OpenAIServing:
         # The model's generation-config sampling defaults (the engine logged them at start-up):
         # request fields override them, unset fields take them (vLLM's --generation-config auto).
         self.default_sampling_params = dict(engine.get_diff_sampling_param())
+        # The server's --chat-template, else the engine's (None: the tokenizer's own;
+        # entrypoints/chat_utils.py decides).
+        self.chat_template = chat_template or engine.engine_config.model_config.chat_template
+        self.request_logger = request_logger  # --enable-log-requests
 
     @property
     def tokenizer(self) -> Any:
@@ -179,16 +186,20 @@ class OpenAIServing:
 
     # ------------------------------------------------------------ generation
     async def generate(
-        self, prompt_ids: list[int], params: SamplingParams, request_id: str, arrival_time: float
+        self, prompt_ids: list[int], params: SamplingParams, request_id: str, arrival_time: float,
+        prompt_text: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        """engine.generate plus the request-level metrics; arrival_time (time.time()) is when the
-        server got the request, before tokenization: TTFT and e2e latency count from it.
+        """engine.generate plus the request-level metrics (and log lines, --enable-log-requests);
+        arrival_time (time.time()) is when the server got the request, before tokenization: TTFT
+        and e2e latency count from it. prompt_text: the client's text, when it sent one.
 
         prompt_ids have passed check_token_ids and resolve_max_tokens (the InputProcessor's
         prompt checks), so the engine takes them as a ProcessedPrompt without checking again."""
         seqs: dict[int, _SeqProgress] = {}
         rejected = False
         prompt = ProcessedPrompt(None, list(prompt_ids))
+        if self.request_logger is not None:
+            self.request_logger.log_inputs(request_id, prompt_text, prompt.prompt_token_ids, params)
         try:
             async for out in self.engine.generate(prompt, params, request_id, arrival_time=arrival_time):
                 now = time.time()
@@ -207,34 +218,40 @@ class OpenAIServing:
             raise
         finally:
             if not rejected:
-                self._observe_end(seqs, arrival_time, len(prompt_ids), params)
+                self._observe_end(seqs, arrival_time, len(prompt_ids), params, request_id)
 
     def _observe_output(self, seq: "_SeqProgress", o: CompletionOutput, out: RequestOutput, now: float,
                         arrival_time: float, prompt_len: int, params: SamplingParams) -> None:
         seq.stats = out.metrics
+        engine = _engine_index(seq)
         if o.token_ids:
             if seq.last_token is None:
                 latency = out.metrics.first_token_latency if out.metrics is not None else None
-                self.metrics.observe_first_token(latency if latency is not None else now - arrival_time)
+                self.metrics.observe_first_token(latency if latency is not None else now - arrival_time, engine)
             else:
-                self.metrics.observe_inter_token(now - seq.last_token)
+                self.metrics.observe_inter_token(now - seq.last_token, engine)
             seq.last_token = now
             seq.num_tokens += len(o.token_ids)
         if o.finish_reason is not None and not seq.finished:
             seq.finished = True
             self.metrics.observe_sequence_finished(o.finish_reason, prompt_len, params.n, params.max_tokens,
-                                                   seq.stats, seq.num_tokens, now - arrival_time)
+                                                   seq.stats, seq.num_tokens, now - arrival_time, engine)
 
     def _observe_end(self, seqs: dict[int, "_SeqProgress"], arrival_time: float, prompt_len: int,
-                     params: SamplingParams) -> None:
+                     params: SamplingParams, request_id: str) -> None:
         """Sequences that never finished were aborted (client gone, shutdown)."""
         now = time.time()
+        if self.request_logger is not None and not all(seqs.get(i, _SeqProgress()).finished for i in range(params.n)):
+            self.request_logger.log_aborted(request_id)
+        # A request's n sequences run on one core; one aborted before its first output is
+        # counted under its siblings' core (engine 0 when none ever reported).
+        engine = next((_engine_index(s) for s in seqs.values() if s.stats is not None), 0)
         for i in range(params.n):
             seq = seqs.setdefault(i, _SeqProgress())
             if not seq.finished:
                 self.metrics.observe_sequence_finished("abort", prompt_len, params.n, params.max_tokens,
-                                                       seq.stats, seq.num_tokens, now - arrival_time)
-        self.metrics.observe_request_finished(max(s.num_tokens for s in seqs.values()))
+                                                       seq.stats, seq.num_tokens, now - arrival_time, engine)
+        self.metrics.observe_request_finished(max(s.num_tokens for s in seqs.values()), engine)
 
     def tokenizer_info(self) -> dict[str, Any]:
         """vLLM's /tokenizer_info: the tokenizer's class, config and chat template (what lm-eval's
@@ -247,7 +264,7 @@ class OpenAIServing:
                 info[key] = value
         for key in ("bos_token", "eos_token", "pad_token", "unk_token"):
             info[key] = getattr(tok, key, None)
-        info["chat_template"] = getattr(tok, "chat_template", None)
+        info["chat_template"] = self.chat_template or getattr(tok, "chat_template", None)
         info["model_max_length"] = self.max_model_len
         return info
 
@@ -263,6 +280,11 @@ class OpenAIServing:
     def top_entries(self, position: dict[int, Logprob], limit: int | None) -> list[tuple[int, Logprob]]:
         items = sorted(position.items(), key=lambda kv: (kv[1].rank is None, kv[1].rank or 0, -kv[1].logprob))
         return items if limit is None else items[:limit]
+
+
+def _engine_index(seq: _SeqProgress) -> int:
+    """The engine core serving a sequence, as its outputs' stats say (/metrics' `engine`)."""
+    return seq.stats.engine_index if seq.stats is not None else 0
 
 
 def _jsonable(value: Any) -> Any:

@@ -21,28 +21,27 @@ _COUNTERS = (
 )
 
 
-def spec_decode_families(stats: dict[str, Any], labels: dict[str, str]) -> Iterable[Any]:
+def spec_decode_families(stats: dict[str, Any], model_name: str) -> Iterable[Any]:
     """The spec-decode counters from an engine stats snapshot (LLMEngine.get_stats), when the
-    engine speculates: the total, and one series per engine core (vLLM's `engine` label)."""
+    engine speculates: one series per engine core (labels model_name and engine, as every
+    vllm: series; a snapshot without per-core stats is engine "0")."""
     from prometheus_client.core import CounterMetricFamily
 
     total: SpecDecodingStats | None = stats.get("spec_decoding")
     if total is None:
         return
-    engines = [e.spec_decoding_stats for e in stats.get("engines") or ()]
-    per_engine = [(str(i), s) for i, s in enumerate(engines) if s is not None] if len(engines) > 1 else []
-    names = list(labels)
+    cores = [e.spec_decoding_stats for e in stats.get("engines") or ()] or [total]
+    per_core = [(str(i), s) for i, s in enumerate(cores) if s is not None]
     for name, help_text, field in _COUNTERS:
-        family = CounterMetricFamily(name, help_text, labels=names)
-        family.add_metric(list(labels.values()), float(getattr(total, field)))
-        for engine, s in per_engine:
-            family.samples.append(family.samples[-1]._replace(labels={**labels, "engine": engine},
-                                                              value=float(getattr(s, field))))
+        family = CounterMetricFamily(name, help_text, labels=["model_name", "engine"])
+        for engine, s in per_core:
+            family.add_metric([model_name, engine], float(getattr(s, field)))
         yield family
     family = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
-                                 "Accepted tokens per draft position.", labels=names + ["position"])
-    for pos, n in enumerate(total.num_accepted_tokens_per_pos):
-        family.add_metric([*labels.values(), str(pos)], float(n))
+                                 "Accepted tokens per draft position.", labels=["model_name", "engine", "position"])
+    for engine, s in per_core:
+        for pos, n in enumerate(s.num_accepted_tokens_per_pos):
+            family.add_metric([model_name, engine, str(pos)], float(n))
     yield family
 
 

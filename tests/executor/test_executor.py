@@ -57,3 +57,21 @@ def test_worker_does_not_touch_jax_config():
     from jaxlm.worker import worker
 
     assert "jax.config" not in inspect.getsource(worker)
+
+
+def test_master_addr_and_port_are_the_coordinator(monkeypatch):
+    """--master-addr / --master-port (as the CLI parses them) are where jax.distributed meets."""
+    import jax
+
+    from jaxlm.executor import distributed
+    from jaxlm.serve.cli_args import make_arg_parser
+
+    seen = {}
+    monkeypatch.setattr(distributed.jax.distributed, "is_initialized", lambda: False)
+    monkeypatch.setattr(distributed.jax.distributed, "initialize", lambda **kw: seen.update(kw))
+    monkeypatch.setattr(distributed.jax.config, "update", lambda *a: None)  # process-wide: not here
+    args = make_arg_parser().parse_args(["m", "--nnodes", "2", "--master-addr", "10.1.2.3", "--master-port", "4567"])
+    distributed.init_distributed(EngineArgs.from_cli_args(args).create_engine_config().parallel_config)
+    assert seen["coordinator_address"] == "10.1.2.3:4567"
+    assert (seen["num_processes"], seen["process_id"]) == (2, 0)
+    assert jax.process_count() == 1  # nothing was started

@@ -11,7 +11,9 @@ one (tests/helpers/tiny_tokenizer.py writes every tokenizer the tests use).
 from __future__ import annotations
 
 import copy
+import json
 import os
+import shutil
 from typing import Any
 
 import torch
@@ -219,3 +221,18 @@ def make_tiny_engine_model(family: str, path: str | os.PathLike, *, seed: int = 
     overrides.setdefault("vocab_size", TINY_VOCAB)
     make_tiny_model(family, path, seed=seed, with_tokenizer=False, **overrides)
     return add_tiny_tokenizer(path)
+
+
+def copy_without_chat_template(src: str | os.PathLike, dest: str | os.PathLike) -> str:
+    """A copy of a tiny engine model whose tokenizer has no chat template, as a base model's."""
+    shutil.copytree(src, dest)
+    for name in ("chat_template.jinja", "chat_template.json"):
+        if os.path.exists(os.path.join(dest, name)):
+            os.remove(os.path.join(dest, name))
+    config_path = os.path.join(dest, "tokenizer_config.json")
+    with open(config_path, encoding="utf-8") as f:
+        config = json.load(f)
+    config.pop("chat_template", None)
+    with open(config_path, "w", encoding="utf-8") as f:
+        json.dump(config, f)
+    return str(dest)

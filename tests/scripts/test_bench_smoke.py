@@ -1,6 +1,9 @@
 """scripts/bench.py end to end on a tiny model: two bucket configs, the JSON it writes, and `auto`
-beating `pow2` on a workload whose steps cluster between two powers of two."""
+beating `pow2` on a workload whose steps cluster between two powers of two; on a model whose
+context is shorter than the workload, the default workload is fitted and a file is refused, each
+in one line before anything compiles."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -15,9 +18,14 @@ MAX_PROGRAMS = 12
 
 
 @pytest.fixture(scope="module")
-def bench_json(tmp_path_factory):
+def model(tmp_path_factory) -> str:
+    """A tiny llama: 256 positions, shorter than the default synthetic workload's requests."""
+    return make_tiny_llama(tmp_path_factory.mktemp("bench-model") / "model")
+
+
+@pytest.fixture(scope="module")
+def bench_json(tmp_path_factory, model):
     tmp = tmp_path_factory.mktemp("bench")
-    model = make_tiny_llama(tmp / "model")
     out = tmp / "out.json"
     # Budget 64, 2 sequences: each prompt of 40-44 tokens is scheduled with one decode row, so
     # steps of 41-45 tokens, which pow2 pads to 64. The shared compile cache keeps reruns quick;
@@ -55,3 +63,50 @@ def test_auto_respects_the_budget_and_pads_less_than_pow2(bench_json):
     assert auto["padding_waste"]["tokens"] < pow2["padding_waste"]["tokens"]
     # The simulation reproduces the engine's steps: the padding it planned is what was computed.
     assert auto["padding_waste"]["tokens"] == pytest.approx(auto["planned_waste"]["tokens"], abs=1e-9)
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    """scripts/bench.py as a module (its sibling modules importable, as when it runs)."""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "scripts"))
+    spec = importlib.util.spec_from_file_location("bench_script", os.path.join(ROOT, "scripts", "bench.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _model_info(model: str):
+    """(vocab, tokenizer, positions) of the tiny model, as bench.py's _model_info reads them
+    (which also pins jax to the CPU: not in this process)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    return 320, AutoTokenizer.from_pretrained(model), AutoConfig.from_pretrained(model).max_position_embeddings
+
+
+def test_default_workload_is_fitted_to_a_short_context(bench, model, capsys):
+    args = bench.parse_args(["--model", model, "--num-requests", "32"])
+    vocab, tok, model_len = _model_info(model)
+    assert model_len == 256
+    wl = bench._workload(args, vocab, tok, model_len)
+    assert len(wl.requests) == 32 and wl.max_total_len() <= 256
+    assert bench._engine_kwargs(args, wl)["max_model_len"] <= 256  # what the engine processes get
+    [line] = capsys.readouterr().out.splitlines()
+    assert "the model holds 256" in line and line.endswith("instead")
+
+
+def test_a_workload_file_too_long_is_refused_in_one_line(bench, model, tmp_path):
+    workload = tmp_path / "long.jsonl"
+    workload.write_text(json.dumps({"prompt_token_ids": [5] * 40, "output_len": 8}) + "\n"
+                        + json.dumps({"prompt_token_ids": [5] * 300, "output_len": 8}) + "\n")
+    common = ["--model", model, "--workload", str(workload), "--workdir", str(tmp_path / "work")]
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "bench.py"), *common], capture_output=True,
+                       text=True, timeout=300, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert r.returncode == 1 and r.stdout == "", (r.stdout, r.stderr[-3000:])
+    assert r.stderr.splitlines()[-1] == ("bench.py: workload long.jsonl: 1 of 2 requests need more than the "
+                                         "model's 256 tokens (up to 308); pass --max-model-len 256 to drop them")
+    assert "Traceback" not in r.stderr and "Compiling" not in r.stderr  # refused before any engine started
+    vocab, tok, model_len = _model_info(model)
+    with pytest.raises(ValueError, match="--max-model-len 512 is more than the model's 256 positions"):
+        bench._workload(bench.parse_args([*common, "--max-model-len", "512"]), vocab, tok, model_len)
+    args = bench.parse_args([*common, "--max-model-len", "256"])  # asked: the long request is dropped
+    assert len(bench._workload(args, vocab, tok, model_len).requests) == 1

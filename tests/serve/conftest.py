@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -84,6 +85,55 @@ def metric(values: dict[str, float], name: str, **labels: str) -> float:
         if base == name and all(f'{k}="{v}"' in rest for k, v in labels.items()):
             return value
     raise KeyError(name)
+
+
+def async_client(base: str) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=base + "/v1", api_key="EMPTY", max_retries=0, timeout=120,
+                              http_client=openai.DefaultAsyncHttpxClient(limits=httpx.Limits(max_connections=128)))
+
+
+def concurrent_streams(base: str, model: str, prompts: list[str], max_tokens: int, drop: set[int],
+                       **kw: Any) -> list[str | None]:
+    """One streamed completion per prompt, all at once; those whose index is in `drop` close
+    their stream after two chunks (the client goes away: None). kw: more request fields."""
+    async def one(aclient: openai.AsyncOpenAI, i: int) -> str | None:
+        stream = await aclient.completions.create(model=model, prompt=prompts[i], max_tokens=max_tokens,
+                                                  stream=True, **kw)
+        parts = []
+        async for chunk in stream:
+            parts.append(chunk.choices[0].text)
+            if i in drop and len(parts) >= 2:
+                break
+        if i in drop:
+            await stream.close()
+            return None
+        return "".join(parts)
+
+    async def main() -> list[str | None]:
+        async with async_client(base) as aclient:
+            return await asyncio.wait_for(asyncio.gather(*(one(aclient, i) for i in range(len(prompts)))), 300)
+
+    return asyncio.run(main())
+
+
+# An idle core reports every second (EngineCoreProc.HEARTBEAT_S); the rest is slack for a busy CI.
+IDLE_GAUGES_TIMEOUT_S = 3.0
+
+
+def assert_idle_gauges(get_values: Callable[[], dict[str, float]],
+                       timeout: float = IDLE_GAUGES_TIMEOUT_S) -> dict[str, float]:
+    """With no request sent meanwhile, every engine's vllm:num_requests_running,
+    vllm:num_requests_waiting and vllm:kv_cache_usage_perc read 0 within `timeout`."""
+    names = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
+    start = time.monotonic()
+    while True:
+        values = get_values()
+        busy = {k: v for k, v in values.items() if k.partition("{")[0] in names and v != 0}
+        if not busy:
+            assert any(k.startswith(names[0]) for k in values), "no gauges on /metrics"
+            return values
+        assert time.monotonic() - start < timeout, f"still reported {timeout} s after the last request: {busy}"
+        time.sleep(0.1)
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 20.0) -> bool:

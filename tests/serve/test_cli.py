@@ -33,15 +33,18 @@ def test_help_lists_server_and_engine_flags():
 
 
 def test_serve_tiny_model_then_sigterm_drains_and_exits_0(tmp_path, tiny_llama):
+    """Also the defaults of the server's own flags: uvicorn logs at info with its access log;
+    --host binds that address only (127.0.0.2: loopback, but not 127.0.0.1)."""
     path = tiny_llama
     port = _free_port()
-    cmd = [sys.executable, "-m", "jaxlm.serve", "--model", path, "--port", str(port), "--served-model-name", "tiny",
+    cmd = [sys.executable, "-m", "jaxlm.serve", "--model", path, "--host", "127.0.0.2", "--port", str(port),
+           "--served-model-name", "tiny",
            "--api-key", "k", "--max-model-len", "128", "--max-num-seqs", "16", "--max-num-batched-tokens", "64",
            "--num-gpu-blocks-override", "160", "--token-buckets", "16,64", "--seq-buckets", "16"]
     log = open(tmp_path / "server.log", "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=os.getcwd())
     try:
-        base = f"http://127.0.0.1:{port}"
+        base = f"http://127.0.0.2:{port}"
         deadline = time.monotonic() + 400
         while True:
             assert proc.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
@@ -55,6 +58,10 @@ def test_serve_tiny_model_then_sigterm_drains_and_exits_0(tmp_path, tiny_llama):
         client = openai.OpenAI(base_url=base + "/v1", api_key="k", max_retries=0, timeout=60)
         out = client.completions.create(model="tiny", prompt="Hello, my name is", max_tokens=4, temperature=0)
         assert out.usage.completion_tokens <= 4 and out.choices[0].finish_reason in ("length", "stop")
+        with pytest.raises(httpx.ConnectError):  # --host 127.0.0.2: nothing listens on 127.0.0.1
+            httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+        logged = (tmp_path / "server.log").read_text()
+        assert "Application startup complete" in logged and '"POST /v1/completions HTTP/1.1" 200' in logged
         # SIGTERM while a stream is in flight: it finishes, the process exits 0.
         stream = client.completions.create(model="tiny", prompt="Hello", max_tokens=100, temperature=0, stream=True,
                                            extra_body={"ignore_eos": True})

@@ -1,7 +1,10 @@
-"""The server's engine cores in their own processes (one server, -dp 2): both cores serve and
-/metrics shows each one's series (vLLM's `engine` label) beside the total; an engine core killed
-mid-stream (SIGKILL) ends the open streams with an error, /health never answers 200 again and the
-server exits non-zero within 10 s, leaving no child process."""
+"""The server's engine cores in their own processes (one server, -dp 2, started as a user would,
+with --disable-log-stats and --enable-log-requests): both cores serve; every vllm: series on
+/metrics carries model_name and the `engine` that did the work, and the engines' series sum to
+the server's totals; dropped streams leave both cores idle with 0 running and 0 KV usage within
+a heartbeat; the flags' logging. Last, an engine core killed mid-stream (SIGKILL) ends the open
+streams with an error, /health never answers 200 again and the server exits non-zero within
+10 s, leaving no child process."""
 
 from __future__ import annotations
 
@@ -13,7 +16,9 @@ import time
 import httpx
 import psutil
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from tests.serve.conftest import assert_idle_gauges, concurrent_streams
 from tests.serve.server_process import ServerProcess
 
 pytestmark = pytest.mark.timeout(600)
@@ -38,6 +43,15 @@ def _stream(base: str, events: list[str], first: threading.Event) -> None:
     first.set()
 
 
+@pytest.fixture(scope="module")
+def dp2(tiny_llama):
+    srv = ServerProcess(tiny_llama, ["--served-model-name", "tiny", "-dp", "2", "--disable-log-stats",
+                                     "--enable-log-requests", "--uvicorn-log-level", "info"],
+                        env={"JAXLM_LOG_STATS_INTERVAL": "0.2"})  # were the stats line on, it would show
+    yield srv
+    srv.stop(signal.SIGKILL)
+
+
 def _both_cores_serve(srv: ServerProcess) -> None:
     results: list[str] = []
     threads = [threading.Thread(target=lambda i=i: results.append(httpx.post(
@@ -49,9 +63,50 @@ def _both_cores_serve(srv: ServerProcess) -> None:
         t.join()
     assert len(results) == 8
     values = srv.metrics()
-    per_engine = {k: v for k, v in values.items() if k.startswith("vllm:prefix_cache_queries_total{engine=")}
-    assert len(per_engine) == 2 and all(v > 0 for v in per_engine.values()), per_engine
-    assert values['vllm:prefix_cache_queries_total{model_name="tiny"}'] == sum(per_engine.values())
+    per_engine = {k: v for k, v in values.items() if k.startswith("vllm:prefix_cache_queries_total{")}
+    assert per_engine.keys() == {f'vllm:prefix_cache_queries_total{{engine="{i}",model_name="tiny"}}' for i in "01"}
+    assert all(v > 0 for v in per_engine.values()), per_engine
+
+
+def _per_engine(families: dict, family: str, sample: str, **labels: str) -> dict[str, float]:
+    """engine -> the sample's value (summed over other labels)."""
+    out: dict[str, float] = {}
+    for s in families[family].samples:
+        if s.name == sample and all(s.labels.get(k) == v for k, v in labels.items()):
+            out[s.labels["engine"]] = out.get(s.labels["engine"], 0.0) + s.value
+    return out
+
+
+def test_dp2_engine_labels_idle_gauges_and_log_flags(dp2):
+    _both_cores_serve(dp2)
+    # 16 long streams, all dropped after two chunks: the cores' last steps still ran them.
+    prompts = [f"Number {i} is" for i in range(16)]
+    concurrent_streams(dp2.base, "tiny", prompts, 100, drop=set(range(16)), temperature=0.0,
+                       extra_body={"ignore_eos": True})
+    assert_idle_gauges(dp2.metrics)
+    families = {f.name: f for f in text_string_to_metric_families(dp2.metrics_text())}
+    for family in families.values():
+        if family.name.startswith("vllm:"):
+            # No unlabelled total beside the engines (a sum would double it); vllm:cache_config_info
+            # is labelled by the config and the engine (as vLLM's).
+            for s in family.samples:
+                assert s.labels.get("engine") in ("0", "1"), s
+                assert s.labels.get("model_name") == "tiny" or family.name == "vllm:cache_config_info", s
+    # Request-level series: each core has its own, and they sum to the server's requests.
+    success = _per_engine(families, "vllm:request_success", "vllm:request_success_total")
+    assert sum(success.values()) == 8 + 16 and success.keys() == {"0", "1"}
+    e2e = _per_engine(families, "vllm:e2e_request_latency_seconds", "vllm:e2e_request_latency_seconds_count")
+    ttft = _per_engine(families, "vllm:time_to_first_token_seconds", "vllm:time_to_first_token_seconds_count")
+    assert e2e == success and all(v > 0 for v in ttft.values()) and ttft.keys() == {"0", "1"}
+    for name in ("vllm:generation_tokens", "vllm:prompt_tokens"):  # counted per core's steps
+        counted = _per_engine(families, name, name + "_total")
+        assert counted.keys() == {"0", "1"} and all(v > 0 for v in counted.values()), (name, counted)
+    assert {s.labels["num_gpu_blocks"] for s in families["vllm:cache_config_info"].samples} == {"160"}  # override
+    out = dp2.output()
+    assert out.count("Received request cmpl-") == 8 + 16 and "Aborted request cmpl-" in out
+    assert "Avg prompt throughput" not in out  # --disable-log-stats
+    # uvicorn at info, but no access log (--disable-uvicorn-access-log, in TINY_ENGINE_FLAGS).
+    assert "Application startup complete" in out and "HTTP/1.1" not in out
 
 
 def _health(base: str) -> int | None:
@@ -62,13 +117,12 @@ def _health(base: str) -> int | None:
         return None
 
 
-def test_dp2_server_then_a_killed_engine_core_ends_streams_and_the_server_exits(tiny_llama):
-    srv = ServerProcess(tiny_llama, ["--served-model-name", "tiny", "-dp", "2"])
+def test_dp2_server_then_a_killed_engine_core_ends_streams_and_the_server_exits(dp2):
+    srv = dp2
     try:
         children = [p.pid for p in psutil.Process(srv.proc.pid).children(recursive=True)]
         cores = [p for p in psutil.Process(srv.proc.pid).children() if "spawn_main" in " ".join(p.cmdline())]
         assert len(cores) == 2
-        _both_cores_serve(srv)
         core = cores[0]
         events: list[str] = []
         first = threading.Event()

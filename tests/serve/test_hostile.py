@@ -153,6 +153,8 @@ def test_probes_are_open_and_version_is_the_package_version(server):
     assert httpx.get(server.base + "/health").status_code == 200
     assert httpx.get(server.base + "/metrics").status_code == 200
     assert httpx.get(server.base + "/version").json() == {"version": jaxlm.__version__}
+    # --uvicorn-log-level warning (TINY_ENGINE_FLAGS): none of uvicorn's info lines (test_cli: the default).
+    assert "Application startup complete" not in server.output() and "Uvicorn running" not in server.output()
 
 
 def test_slow_headers_are_cut_off(server, http, greedy_text):

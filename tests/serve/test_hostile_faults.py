@@ -36,8 +36,10 @@ def _stream_events(base: str, body: dict, first: threading.Event, events: list) 
 
 
 def test_faults_one_request_fails_alone_then_a_model_fault_exits(tiny_llama):
+    # Slow steps (50 ms) and 120-token streams (>= 6 s): the kill request reaches the engine
+    # while both streams are open, however loaded the machine.
     srv = ServerProcess(tiny_llama, ["--served-model-name", "tiny"], fault_patch=True,
-                        env={"JAXLM_TEST_FAULT": "poison,kill"})
+                        env={"JAXLM_TEST_FAULT": "poison,kill,slow"})
     try:
         http = httpx.Client(base_url=srv.base, timeout=60)
         want = http.post("/v1/completions", json=GREEDY).json()["choices"][0]["text"]
@@ -62,7 +64,7 @@ def test_faults_one_request_fails_alone_then_a_model_fault_exits(tiny_llama):
         # Two open streams, then a request that breaks the model step.
         streams = [([], threading.Event()) for _ in range(2)]
         workers = [threading.Thread(target=_stream_events, args=(
-            srv.base, {**GREEDY, "max_tokens": 110, "prompt": p}, first, events))
+            srv.base, {**GREEDY, "max_tokens": 120, "prompt": p}, first, events))
             for (events, first), p in zip(streams, ["Hello", "The quick"])]
         for w in workers:
             w.start()

@@ -93,7 +93,7 @@ def spec(request, model_dir):
 
 def _counters(llm: LLM) -> dict[str, object]:
     return {m.name: (m.values if isinstance(m, Vector) else m.value) for m in llm.get_metrics()
-            if isinstance(m, (Counter, Vector)) and "spec_decode" in m.name and "engine" not in m.labels}
+            if isinstance(m, (Counter, Vector)) and "spec_decode" in m.name and m.labels.get("engine") == "0"}
 
 
 def _tokens(outs) -> list[list[list[int]]]:
