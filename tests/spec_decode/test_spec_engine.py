@@ -223,3 +223,17 @@ def test_no_compiles_and_nothing_leaks(spec):
     assert len(per_pos) == spec.k and sum(per_pos) == c["vllm:spec_decode_num_accepted_tokens"]
     assert c["vllm:spec_decode_num_accepted_tokens"] <= c["vllm:spec_decode_num_draft_tokens"] \
         <= spec.k * c["vllm:spec_decode_num_drafts"]
+
+
+def test_refusals_before_loading(model_dir, tmp_path):
+    """A draft with another tokenizer and vocabulary is refused naming both models; k beyond the
+    step budget is refused naming both numbers (no model is loaded, nothing compiles)."""
+    from tests.helpers.tiny_models import make_tiny_llama
+
+    other = make_tiny_llama(tmp_path / "byte_tokenizer_draft")  # the byte tokenizer, vocab 320
+    with pytest.raises(ValueError) as err:
+        LLM(model=model_dir, speculative_config={"method": "draft_model", "model": other,
+                                                 "num_speculative_tokens": 2}, **ENGINE)
+    assert other in str(err.value) and model_dir in str(err.value) and "do not share a tokenizer" in str(err.value)
+    with pytest.raises(ValueError, match="num_speculative_tokens=1000000000 must be below max_num_batched_tokens=32"):
+        LLM(model=model_dir, speculative_config={"method": "ngram", "num_speculative_tokens": 10**9}, **ENGINE)
