@@ -3,16 +3,17 @@
 from importlib import metadata as _metadata
 
 from jaxlm.engine.arg_utils import EngineArgs  # light: the configs only
+from jaxlm.lora.request import LoRARequest
 from jaxlm.outputs import CompletionOutput, Logprob, RequestOutput
-from jaxlm.sampling_params import RequestOutputKind, SamplingParams
+from jaxlm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 try:  # the one version: pyproject.toml's, through the installed package's metadata
     __version__ = _metadata.version("jaxlm")
 except _metadata.PackageNotFoundError:  # a source tree that was never installed
     __version__ = "0+unknown"
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "Logprob", "RequestOutputKind",
-           "EngineArgs", "LLMEngine", "__version__"]
+__all__ = ["LLM", "SamplingParams", "BeamSearchParams", "RequestOutput", "CompletionOutput", "Logprob",
+           "RequestOutputKind", "EngineArgs", "LLMEngine", "LoRARequest", "__version__"]
 
 
 def __getattr__(name: str):

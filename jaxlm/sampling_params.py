@@ -163,3 +163,28 @@ class SamplingParams:
 
     def clone(self) -> "SamplingParams":
         return dataclasses.replace(self)
+
+
+@dataclasses.dataclass
+class BeamSearchParams:
+    """LLM.beam_search's parameters (vLLM's): beam_width beams, each step extended by their
+    2 × beam_width most likely tokens; ranked by cumulative logprob / length ** length_penalty."""
+
+    beam_width: int
+    max_tokens: int
+    ignore_eos: bool = False
+    temperature: float = 0.0
+    length_penalty: float = 1.0
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("beam_width", "max_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        for name in ("temperature", "length_penalty"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")

@@ -8,6 +8,10 @@
     python scripts/bench.py --structured                      # decode under a JSON schema vs none, batch 1 and 16
     python scripts/bench.py --host-overhead                   # tiny model: ms per decode step at batch 1/8/64, by part
     python scripts/bench.py --speculative-config '{"method": "ngram", "num_speculative_tokens": 4}'  # vs none
+    python scripts/bench.py --lora-modules [NAME=PATH ...]    # batch-64 decode: base vs 4 adapters, adapter load time
+    python scripts/bench.py --lora-delta                      # the LoRA delta's candidate forms at SmolLM2's shapes
+    python scripts/bench.py --moe --vs-hf                     # synthetic MoE: 64 vs 8 experts, EP=4 bytes, vs HF
+    python scripts/bench.py --prefill --prefill-profile 500  # prefill tok/s vs transformers, cached suffix, profile
 
 Bucket configs: pow2 (the engine default), pow4, linear:STEP, a comma list of token buckets,
 tokens=A;seqs=B (each any of those), auto (derived by simulating the scheduler on the workload
@@ -274,6 +278,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--spec-also", type=json.loads, nargs="*", default=[],
                    help="more speculating engines: fields over --speculative-config, e.g. '{\"disable_by_batch_size\": 16}'")
     p.add_argument("--spec-reps", type=int, default=3, help="runs of each engine, in turn (medians)")
+    p.add_argument("--lora-modules", nargs="*", default=None, metavar="NAME=PATH",
+                   help="LoRA figures with these adapters (none given: random ones of --lora-rank)")
+    p.add_argument("--lora-rank", type=int, default=16, help="rank of the random adapters (and max_lora_rank)")
+    p.add_argument("--lora-delta", action="store_true", help="time the LoRA delta's candidate forms")
+    p.add_argument("--moe", action="store_true",
+                   help="synthetic MoE (hidden 512, 4 layers, top-2): batch-64 decode step at 64 vs 8 experts, "
+                        "per-device bytes at EP=4; then the usual run (and --vs-hf) on the 64-expert model")
+    p.add_argument("--moe-expert-size", type=int, default=512, help="--moe: intermediate size of one expert")
+    p.add_argument("--moe-vocab", type=int, default=8192, help="--moe: vocabulary size")
+    p.add_argument("--prefill", action="store_true",
+                   help="prefill tok/s by prompt length beside transformers, a cached-prefix suffix beside fresh")
+    p.add_argument("--prefill-lens", default="128,256,500,1500", help="--prefill: prompt lengths")
+    p.add_argument("--prefill-reps", type=int, default=5, help="--prefill: runs per length (median)")
+    p.add_argument("--prefill-profile", default="", metavar="N,...",
+                   help="--prefill: also profile the steps of an N-token prompt op by op")
+    p.add_argument("--prefix-len", type=int, default=1400, help="--prefill: the cached prefix")
+    p.add_argument("--suffix-len", type=int, default=100, help="--prefill: the suffix after it")
     p.add_argument("--workdir", default="/tmp/jaxlm_bench", help="scratch space (compile caches, GGUF export)")
     return p.parse_args(argv)
 
@@ -288,6 +309,24 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.structured:
         bench_engine.bench_structured(args.model, args.dtype)
+        return
+    if args.lora_modules is not None or args.lora_delta:
+        import bench_lora  # scripts/bench_lora.py
+
+        from jaxlm.lora.module_path import parse_lora_module
+
+        if args.lora_delta:
+            bench_lora.bench_delta()
+        if args.lora_modules is not None:
+            modules = [(m.name, m.path) for m in map(parse_lora_module, args.lora_modules)]
+            bench_lora.bench_lora(args.model, args.dtype, modules, args.lora_rank, workdir=args.workdir)
+        return
+    if args.prefill:
+        import bench_prefill  # scripts/bench_prefill.py
+
+        ints = lambda s: [int(n) for n in s.split(",") if n]  # noqa: E731
+        bench_prefill.bench_prefill(args.model, ints(args.prefill_lens), args.prefill_reps, ints(args.prefill_profile),
+                                    args.prefix_len, args.suffix_len, args.workdir, args.json, args.max_num_seqs)
         return
     if args.sampling:
         bench_engine.bench_sampling(args.model, args.dtype)
@@ -304,6 +343,10 @@ def main(argv: list[str] | None = None) -> None:
             with open(args.json, "w") as f:
                 json.dump(res, f, indent=2)
         return
+    if args.moe:
+        import bench_moe  # scripts/bench_moe.py
+
+        args.model = bench_moe.run(args)
     vocab, tok, mc = _model_info(args)
     try:
         wl = _workload(args, vocab, tok, mc.max_model_len)

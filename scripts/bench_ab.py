@@ -90,6 +90,8 @@ def main(argv: list[str] | None = None) -> None:
         here, there = _Child(_HERE, model_dir, a.async_mode), _Child(os.path.abspath(a.vs), model_dir, "default")
         ratios: dict[int, list[float]] = {b: [] for b in a.batches}
         ms: dict[tuple[str, int], list[float]] = {}
+        cpu: dict[tuple[str, int], list[float]] = {}
+        cpu_ratios: dict[int, list[float]] = {b: [] for b in a.batches}
         for rnd in range(a.rounds):
             for b in a.batches:
                 pair = [("this", here), ("other", there)]
@@ -99,6 +101,9 @@ def main(argv: list[str] | None = None) -> None:
                     print(f"round {rnd} batch {b:>3} {name:>5}: {r['ms_median']:.3f} ms/step  {_parts(r)}"
                           f"  (compiles after warm-up: {r['compiles']})", flush=True)
                 ratios[b].append(res["other"]["ms_median"] / res["this"]["ms_median"])
+                cpu_ratios[b].append(res["other"]["cpu_ms_median"] / res["this"]["cpu_ms_median"])
+                for name, r in res.items():
+                    cpu.setdefault((name, b), []).append(r["cpu_ms_median"])
         here.close()
         there.close()
     with open("/proc/loadavg") as f:
@@ -107,6 +112,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"batch {b:>3}: this {statistics.median(ms[('this', b)]):.3f} ms/step, other "
               f"{statistics.median(ms[('other', b)]):.3f} ms/step, other/this per round "
               f"{', '.join(f'{r:.2f}' for r in ratios[b])} (median {statistics.median(ratios[b]):.2f}x)")
+        print(f"batch {b:>3}, calling thread's CPU ms/step: this {statistics.median(cpu[('this', b)]):.3f}, other "
+              f"{statistics.median(cpu[('other', b)]):.3f}, other/this per round "
+              f"{', '.join(f'{r:.2f}' for r in cpu_ratios[b])} (median {statistics.median(cpu_ratios[b]):.2f}x)")
 
 
 if __name__ == "__main__":

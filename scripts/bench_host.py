@@ -151,13 +151,13 @@ def measure_batch(llm, batch: int, prompt_len: int, output_len: int, skip: int =
     for i in range(batch):
         engine.add_request(f"b{batch}-{i}", {"prompt_token_ids": rng.integers(3, vocab - 3, prompt_len).tolist()},
                            params)
-    step_times, seen = [], 0
+    step_times, cpu_times, seen = [], [], 0
     while engine.has_unfinished_requests():
         scheduled.clear()
         timer.trace = [] if skip < seen <= skip + trace_steps else None
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         engine.step()
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
         # A decode step: one token for each of the `batch` requests (scheduled in this call).
         decode = bool(scheduled) and scheduled[0] == (batch, batch)
         seen += decode
@@ -171,11 +171,16 @@ def measure_batch(llm, batch: int, prompt_len: int, output_len: int, skip: int =
                    if getattr(engine.engine_config.scheduler_config, "async_scheduling", False) else ""))
         if keep:
             step_times.append(wall)
+            cpu_times.append(cpu)
             timer.add("other", wall - sum(timer._pending.values()))
         timer.commit(keep)
     total = sum(step_times)
     shares = {p: timer.totals.get(p, 0.0) / total for p in PARTS if timer.totals.get(p)}
     res = {"batch": batch, "steps": len(step_times), "ms_median": 1e3 * statistics.median(step_times),
+           # The calling thread's CPU time: the host's own work, without XLA's threads or the
+           # time this thread waited for a core (robust on a loaded machine; XLA:CPU may run a
+           # small program inline on this thread, which then counts here).
+           "cpu_ms_median": 1e3 * statistics.median(cpu_times),
            "ms_mean": 1e3 * total / len(step_times), "shares": shares}
     if calls is not None:  # the last step was a decode step of this batch (ignore_eos, same length)
         res["device_ms"] = device_ms(model_runner(engine), calls)

@@ -1,29 +1,33 @@
 """Paged attention in plain jax.numpy: runs on every device, and is the oracle for kernels.
 
-Attention for a step is split in two parts merged with an online softmax:
-  * in-step: the step's own tokens attend to each other (same row, causal) straight from
-    the new K/V, so a fresh prefill never touches the cache;
-  * cached context: each token attends to its row's ``context_lens`` cached tokens, read
-    through the block table in chunks of pages; only the leading blocks of tokens whose rows
-    have context run, with trip counts set by the longest context in each block.
-Both paths read only valid positions, so garbage in unused pages never leaks in.
+One call writes the step's K/V into their pages, then every query reads its keys, old and new,
+from the pages, in two parts that never overlap:
+
+  * decode rows (the leading rows with one query token; the runner puts them first): the
+    mat-vec form, each token reading its own row's pages in chunks (``_attend_decode``);
+  * every other row (prefill, chunked prefill, the suffix after a prefix-cache hit):
+    per-request tiles (``xla_tiles.attend_tiles``), a tile of one row's query tokens against
+    one chunk of that row's pages at a time, as a matrix product. A row costs what its own
+    query and key counts cost: a fresh prompt beside others never multiplies with their tokens
+    (the old in-step part built dense [T, T] scores for the whole step).
+
+Both loops have dynamic trip counts, so their cost follows the step's real rows, not the
+padded bucket, and read only valid positions, so garbage in unused pages never leaks in.
 """
 
 from __future__ import annotations
-
-import math
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 
 from jaxlm.attention.metadata import AttentionMetadata
+from jaxlm.attention.xla_tiles import NEG_INF, attend_tiles, softcap, tile_rows
 
-_NEG_INF = -1e30
-# Tokens of context read per loop iteration (rounded to whole pages).
-_CHUNK_TOKENS = 128
-# Query tokens per block of the cached-context loop.
-_TOKEN_BLOCK = 16
+# Keys read per decode-loop iteration (rounded to whole pages).
+_DECODE_CHUNK_TOKENS = 128
+# Decode tokens per block of the decode loop.
+_DECODE_BLOCK = 16
 
 
 def write_kv(kv_cache: jax.Array, k: jax.Array, v: jax.Array, slot_mapping: jax.Array) -> jax.Array:
@@ -35,24 +39,6 @@ def write_kv(kv_cache: jax.Array, k: jax.Array, v: jax.Array, slot_mapping: jax.
     offset = slot_mapping % bs
     kv_cache = kv_cache.at[0, block, offset].set(k.astype(kv_cache.dtype), mode="drop")
     return kv_cache.at[1, block, offset].set(v.astype(kv_cache.dtype), mode="drop")
-
-
-def _scores(s: jax.Array, scale: float, logits_soft_cap: float | None) -> jax.Array:
-    s = s * scale
-    if logits_soft_cap is not None:
-        s = logits_soft_cap * jnp.tanh(s / logits_soft_cap)
-    return s
-
-
-def _merge(m, l, acc, s, mask, v, v_spec):
-    """One online-softmax update; s/mask [T, Hkv, G, K], v [.., K, Hkv, D] per v_spec."""
-    s = jnp.where(mask, s, _NEG_INF)
-    m_new = jnp.maximum(m, s.max(axis=-1))
-    p = jnp.where(mask, jnp.exp(s - m_new[..., None]), 0.0)
-    alpha = jnp.exp(m - m_new)
-    l_new = alpha * l + p.sum(axis=-1)
-    acc_new = alpha[..., None] * acc + jnp.einsum(v_spec, p, v)
-    return m_new, l_new, acc_new
 
 
 def paged_attention_xla(
@@ -70,76 +56,66 @@ def paged_attention_xla(
     T, Hq, D = q.shape
     Hkv = kv_cache.shape[3]
     kv_cache = write_kv(kv_cache, k, v, md.slot_mapping)
-    qf = q.astype(jnp.float32).reshape(T, Hkv, Hq // Hkv, D)
-    carry = _attend_in_step(qf, k, v, md, scale, sliding_window, logits_soft_cap)
-    m, l, acc = _attend_cached(qf, kv_cache, md, carry, scale, sliding_window, logits_soft_cap)
-    out = acc / l[..., None]
+    # The softmax scale goes on the queries once, not on every score.
+    qf = q.astype(jnp.float32).reshape(T, Hkv, Hq // Hkv, D) * scale
+    rows = tile_rows(md)
+    kw = dict(window=sliding_window, cap=logits_soft_cap)
+    if md.max_query_len == 1:  # decode-only step (static): every row is a decode row
+        out = jnp.zeros_like(qf)
+    else:
+        out = attend_tiles(qf, kv_cache, md, rows, **kw)
+    out = _attend_decode(qf, kv_cache, md, rows.num_decode, out, **kw)
     return out.reshape(T, Hq, D).astype(q.dtype), kv_cache
 
 
-def _attend_in_step(qf, k, v, md: AttentionMetadata, scale, sliding_window, logits_soft_cap):
-    """The step's tokens attend to each other (same row, causal) from the new K/V; returns
-    the online-softmax state (m, l [T, Hkv, G], acc [T, Hkv, G, D])."""
+def _attend_decode(qf, kv_cache, md: AttentionMetadata, num_decode, out, *, window, cap):
+    """The first ``num_decode`` tokens (one per decode row) attend to keys [0, position] of their
+    row, read chunk by chunk through the block table: a mat-vec per token, which is what one
+    query token is. Writes their rows of ``out`` [T, Hkv, G, D]."""
     T, Hkv, G, D = qf.shape
-    pos, req = md.positions, md.token_to_req
-    s = _scores(jnp.einsum("thgd,shd->thgs", qf, k.astype(jnp.float32)), scale, logits_soft_cap)
-    eye = jnp.eye(T, dtype=bool)
-    key_valid = (md.slot_mapping >= 0)[None, :] | eye
-    mask = (req[:, None] == req[None, :]) & (pos[None, :] <= pos[:, None]) & key_valid
-    if sliding_window is not None:
-        mask &= pos[None, :] > pos[:, None] - sliding_window
-    mask = mask[:, None, None, :]
-    m = jnp.full((T, Hkv, G), _NEG_INF, jnp.float32)
-    l = jnp.zeros((T, Hkv, G), jnp.float32)
-    acc = jnp.zeros((T, Hkv, G, D), jnp.float32)
-    return _merge(m, l, acc, s, mask, v.astype(jnp.float32), "thgs,shd->thgd")
-
-
-def _attend_cached(qf, kv_cache, md: AttentionMetadata, carry, scale, sliding_window, logits_soft_cap):
-    """Each token attends to its row's ``context_lens`` cached tokens, merged into `carry`.
-
-    Only the leading tokens whose row has context run (the runner puts those rows first, so a
-    fresh prefill beside decodes reads no pages), Bt tokens at a time, each block reading its
-    rows' pages chunk by chunk.
-    """
-    T, Hkv, _, D = qf.shape
     bs = kv_cache.shape[2]
-    pos = md.positions
-    ctx = md.context_lens[md.token_to_req]  # [T]
-    bt = md.block_tables[md.token_to_req]  # [T, P]
-    pages_per_chunk = max(1, min(bt.shape[1], _CHUNK_TOKENS // bs))
-    pad = (-bt.shape[1]) % pages_per_chunk
-    if pad:
-        bt = jnp.pad(bt, ((0, 0), (0, pad)))
-    chunk = pages_per_chunk * bs
-    # A small odd bucket (a speculative verify step of 1 + k tokens) is one block, not T blocks
-    # of one token: SmolLM2's 5-token body 85 -> 78 ms (min of 15, busy host).
-    Bt = T if T <= _TOKEN_BLOCK else math.gcd(T, _TOKEN_BLOCK)
-    n_ctx_tokens = jnp.max(jnp.where(ctx > 0, jnp.arange(1, T + 1), 0))
+    Bt = min(_DECODE_BLOCK, T)
+    pad = (-T) % Bt
+    pos, rows = jnp.pad(md.positions, (0, pad)), jnp.pad(md.token_to_req, (0, pad))
+    ppc = max(1, min(md.block_tables.shape[1], _DECODE_CHUNK_TOKENS // bs))
+    tables = jnp.pad(md.block_tables, ((0, 0), (0, (-md.block_tables.shape[1]) % ppc)))
+    chunk = ppc * bs
+    qp = jnp.pad(qf, ((0, pad), (0, 0), (0, 0), (0, 0)))
+    outp = jnp.pad(out, ((0, pad), (0, 0), (0, 0), (0, 0)))
 
-    def token_block(b, carry):
-        m, l, acc = carry
+    def token_block(b, outp):
         start = b * Bt
         take = lambda x: lax.dynamic_slice_in_dim(x, start, Bt, axis=0)  # noqa: E731
-        q_b, bt_b, ctx_b, pos_b = take(qf), take(bt), take(ctx), take(pos)
+        q_b, pos_b = take(qp), take(pos)
+        bt_b = tables[take(rows)]  # [Bt, P]: each token's own row of the block table
+        mine = start + jnp.arange(Bt) < num_decode
+        hi = jnp.where(mine, pos_b + 1, 0)  # keys [lo, hi) of each token
+        lo = jnp.zeros_like(hi) if window is None else jnp.maximum(hi - window, 0)
 
-        def page_chunk(i, inner):
-            m_b, l_b, acc_b = inner
-            pages = lax.dynamic_slice_in_dim(bt_b, i * pages_per_chunk, pages_per_chunk, axis=1)
+        def page_chunk(i, carry):
+            m, l, acc = carry
+            pages = lax.dynamic_slice_in_dim(bt_b, i * ppc, ppc, axis=1)
             kc = kv_cache[0, pages].reshape(Bt, chunk, Hkv, D).astype(jnp.float32)
             vc = kv_cache[1, pages].reshape(Bt, chunk, Hkv, D).astype(jnp.float32)
-            s = _scores(jnp.einsum("thgd,tjhd->thgj", q_b, kc), scale, logits_soft_cap)
             j = i * chunk + jnp.arange(chunk)
-            mask = j[None, :] < ctx_b[:, None]
-            if sliding_window is not None:
-                mask &= j[None, :] > pos_b[:, None] - sliding_window
+            mask = (j[None, :] < hi[:, None]) & (j[None, :] >= lo[:, None])  # [Bt, chunk]
+            s = softcap(jnp.einsum("thgd,tjhd->thgj", q_b, kc), cap)
+            s = jnp.where(mask[:, None, None, :], s, NEG_INF)
+            m_new = jnp.maximum(m, s.max(axis=-1))
+            p = jnp.where(mask[:, None, None, :], jnp.exp(s - m_new[..., None]), 0.0)
+            alpha = jnp.exp(m - m_new)
             # Zero V outside the mask: p = 0 times garbage (NaN/inf in an unused page) is NaN.
             vc = jnp.where(mask[:, :, None, None], vc, 0.0)
-            return _merge(m_b, l_b, acc_b, s, mask[:, None, None, :], vc, "thgj,tjhd->thgd")
+            acc = alpha[..., None] * acc + jnp.einsum("thgj,tjhd->thgd", p, vc)
+            return m_new, alpha * l + p.sum(axis=-1), acc
 
-        n_chunks = (jnp.max(ctx_b) + chunk - 1) // chunk
-        m_b, l_b, acc_b = lax.fori_loop(0, n_chunks, page_chunk, (take(m), take(l), take(acc)))
-        put = lambda x, y: lax.dynamic_update_slice_in_dim(x, y, start, axis=0)  # noqa: E731
-        return put(m, m_b), put(l, l_b), put(acc, acc_b)
+        init = (jnp.full((Bt, Hkv, G), NEG_INF, jnp.float32), jnp.zeros((Bt, Hkv, G), jnp.float32),
+                jnp.zeros((Bt, Hkv, G, D), jnp.float32))
+        c0 = jnp.min(jnp.where(mine, lo, jnp.iinfo(jnp.int32).max)) // chunk
+        _, l, acc = lax.fori_loop(c0, (jnp.max(hi) + chunk - 1) // chunk, page_chunk, init)
+        o = acc / jnp.where(l > 0, l, 1.0)[..., None]
+        o = jnp.where(mine[:, None, None, None], o, take(outp))
+        return lax.dynamic_update_slice_in_dim(outp, o, start, axis=0)
 
-    return lax.fori_loop(0, (n_ctx_tokens + Bt - 1) // Bt, token_block, carry)
+    outp = lax.fori_loop(0, (num_decode + Bt - 1) // Bt, token_block, outp)
+    return outp[:T]

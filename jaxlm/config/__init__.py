@@ -11,6 +11,7 @@ from jaxlm.config.cache import CacheConfig
 from jaxlm.config.compilation import CompilationConfig
 from jaxlm.config.engine import ARG_CONFIGS, EngineConfig, arg_fields
 from jaxlm.config.load import LoadConfig
+from jaxlm.config.lora import LoRAConfig
 from jaxlm.config.model import ModelConfig
 from jaxlm.config.observability import ObservabilityConfig
 from jaxlm.config.parallel import ParallelConfig
@@ -22,7 +23,7 @@ from jaxlm.config.utils import (
 
 __all__ = [
     "ARG_CONFIGS", "ATTENTION_BACKENDS", "CacheConfig", "CompilationConfig", "DTYPES", "DTYPE_ALIASES",
-    "EngineConfig", "LOAD_FORMATS", "LoadConfig", "ModelConfig", "ObservabilityConfig", "ParallelConfig",
-    "SchedulerConfig", "SpeculativeConfig", "arg", "arg_fields", "human_readable_int", "jaxlm_cache_root", "parse_bytes",
-    "parse_int_list", "parse_json_list", "parse_json_object", "parse_token_buckets",
+    "EngineConfig", "LOAD_FORMATS", "LoRAConfig", "LoadConfig", "ModelConfig", "ObservabilityConfig", "ParallelConfig",
+    "SchedulerConfig", "SpeculativeConfig", "arg", "arg_fields", "human_readable_int", "jaxlm_cache_root",
+    "parse_bytes", "parse_int_list", "parse_json_list", "parse_json_object", "parse_token_buckets",
 ]

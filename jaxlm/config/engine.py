@@ -7,6 +7,7 @@ import dataclasses
 from jaxlm.config.cache import CacheConfig
 from jaxlm.config.compilation import CompilationConfig
 from jaxlm.config.load import LoadConfig
+from jaxlm.config.lora import LoRAConfig
 from jaxlm.config.model import ModelConfig
 from jaxlm.config.observability import ObservabilityConfig
 from jaxlm.config.parallel import ParallelConfig
@@ -28,17 +29,20 @@ class EngineConfig:
     attention_backend: str = arg("auto", "attention kernels (auto: pallas on GPU, xla elsewhere)",
                                  choices=ATTENTION_BACKENDS)
     observability_config: ObservabilityConfig = dataclasses.field(default_factory=ObservabilityConfig)
+    lora_config: LoRAConfig = dataclasses.field(default_factory=LoRAConfig)
     speculative_config: SpeculativeConfig | None = arg(
         None, "speculative decoding, vLLM's JSON object, e.g. '{\"method\": \"ngram\", "
               "\"num_speculative_tokens\": 4}' (methods ngram, draft_model)", parse=parse_json_object)
 
     def __post_init__(self) -> None:
         self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
+        if self.lora_config.enable_lora and self.parallel_config.pipeline_parallel_size > 1:
+            raise ValueError("enable_lora with pipeline_parallel_size > 1 is not supported yet")
 
 
 # Every config that holds engine arguments, in --help order (one argument group each).
 ARG_CONFIGS: tuple[type, ...] = (ModelConfig, LoadConfig, CacheConfig, SchedulerConfig, ParallelConfig,
-                                 CompilationConfig, ObservabilityConfig, EngineConfig)
+                                 CompilationConfig, LoRAConfig, ObservabilityConfig, EngineConfig)
 
 
 def arg_fields(config_cls: type) -> list[dataclasses.Field]:

@@ -16,6 +16,9 @@ class ModelConfig:
     model: str | None = arg(None, "HF model directory, .gguf file or orbax checkpoint "
                                   "(default: the embedded SmolLM2-135M-Instruct)")
     tokenizer: str | None = arg(None, "tokenizer directory (default: the model's)")
+    skip_tokenizer_init: bool = arg(False, "load no tokenizer (the model needs no tokenizer files): prompts "
+                                           "must be token ids, outputs carry token ids and empty text; stop "
+                                           "strings, bad words, structured outputs and chat are refused")
     revision: str | None = arg(None, "revision (branch, tag or commit) of an org/name model in the local HF cache")
     trust_remote_code: bool = arg(False, "accepted for vLLM scripts; jaxlm never runs a model's remote code "
                                          "(its own model classes and HF fast tokenizers only)")

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 
 from jaxlm.config.utils import arg
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -20,6 +23,11 @@ class ParallelConfig:
     # behind one front end (the server only; each core is itself a tp x pp mesh).
     data_parallel_size: int = arg(1, "engine-core processes (replicas of the model), each on its own devices",
                                   flags=("-dp",))
+    # vLLM's flag: MoE experts on the tensor-parallel axis, num_experts / tp whole experts per
+    # device (tokens reach them under shard_map); without it each expert is split like the MLP.
+    enable_expert_parallel: bool = arg(
+        False, "MoE models: place whole experts on the tensor-parallel devices (num_experts / tp each) "
+               "instead of splitting every expert; attention stays tensor parallel")
     # Several hosts (vLLM's multi-node flags): one process per node, one global mesh over all
     # their devices; the flags default to JAX's JAX_NUM_PROCESSES / JAX_PROCESS_ID /
     # JAX_COORDINATOR_ADDRESS when those are set (jaxlm.executor.distributed).
@@ -37,6 +45,12 @@ class ParallelConfig:
                      "distributed_timeout_seconds"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not isinstance(self.enable_expert_parallel, bool):
+            raise ValueError(f"enable_expert_parallel must be true or false, got {self.enable_expert_parallel!r}")
+        if self.enable_expert_parallel and self.data_parallel_size > 1:
+            logger.warning("--enable-expert-parallel spreads the experts over each engine core's %d tensor-parallel "
+                           "device(s), not across the %d -dp cores: each core holds every expert",
+                           self.tensor_parallel_size, self.data_parallel_size)
         self._from_jax_environment()
         if not 0 <= self.node_rank < self.nnodes:
             raise ValueError(f"node_rank={self.node_rank} must be in [0, nnodes={self.nnodes})")

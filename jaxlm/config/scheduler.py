@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from jaxlm.config.utils import arg, human_readable_int
+from jaxlm.config.utils import SCHEDULING_POLICIES, arg, human_readable_int
 
 
 @dataclasses.dataclass
@@ -20,6 +20,14 @@ class SchedulerConfig:
                                        "inputs come from step N's tokens on the device); steps with "
                                        "structured outputs, penalties, min_tokens or bad words run synchronously, "
                                        "and it is off under pipeline parallel, several nodes or --token-buckets auto")
+    scheduling_policy: str = arg("fcfs", "waiting-queue order: fcfs (arrival order; preemption takes the newest) "
+                                         "or priority (each request's priority, lower first, ties by arrival; "
+                                         "preemption takes the worst)", choices=SCHEDULING_POLICIES)
     # Not an argument: ModelConfig.max_model_len once resolved against the model (the engine
     # copies it here; the scheduler and the runner read it from here).
     max_model_len: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"Unknown scheduling_policy {self.scheduling_policy!r}; choose one of "
+                             f"{', '.join(SCHEDULING_POLICIES)}")

@@ -16,6 +16,7 @@ DTYPE_ALIASES = {"half": "float16", "float": "float32"}
 DTYPES = ("auto", "float32", "bfloat16", "float16", *DTYPE_ALIASES)
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "orbax")
 ATTENTION_BACKENDS = ("auto", "xla", "pallas")
+SCHEDULING_POLICIES = ("fcfs", "priority")
 
 
 def jaxlm_cache_root() -> str | None:

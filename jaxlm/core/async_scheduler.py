@@ -56,20 +56,20 @@ class AsyncScheduler(Scheduler):
         return bool(self.host_loop_req_ids) or speculating
 
     def _update_after_schedule(self, output: SchedulerOutput) -> None:
+        # C-level maps, no numpy: its fixed cost per call outweighs the work at small batches.
         scheduled = output.num_scheduled_tokens
         reqs = list(map(self.requests.__getitem__, scheduled))
-        computed = gather(_computed, reqs) + np.fromiter(scheduled.values(), np.int64, len(reqs))
-        placeholders = gather(_placeholders, reqs)
-        num_tokens = np.fromiter(map(len, map(_all_tokens, reqs)), np.int64, len(reqs))
+        computed = list(map(operator.add, map(_computed, reqs), scheduled.values()))
+        placeholders = list(map(_placeholders, reqs))
         sampled_upto = computed
         if output.scheduled_spec_decode_tokens:  # a verify step samples where its drafts start
-            spec = output.scheduled_spec_decode_tokens
-            sampled_upto = computed - np.fromiter(map(len, map(spec.get, scheduled, itertools.repeat(()))),
-                                                  np.int64, len(reqs))
+            num_spec = map(len, map(output.scheduled_spec_decode_tokens.get, scheduled, itertools.repeat(())))
+            sampled_upto = list(map(operator.sub, computed, num_spec))
         # A request whose computed tokens reach its end samples: that token is in flight.
-        placeholders += sampled_upto == num_tokens + placeholders
-        set_all(reqs, "num_computed_tokens", computed.tolist())
-        set_all(reqs, "num_output_placeholders", placeholders.tolist())
+        ends = map(operator.add, map(len, map(_all_tokens, reqs)), placeholders)
+        set_all(reqs, "num_computed_tokens", computed)
+        set_all(reqs, "num_output_placeholders",
+                list(map(operator.add, placeholders, map(operator.eq, sampled_upto, ends))))
 
     def _num_tokens_to_compute(self, request: Request) -> int:
         # Nothing more once the tokens in flight reach the request's limit.

@@ -51,7 +51,7 @@ class KVCacheManager:
 
     def _block_hashes(self, request: Request, num_blocks: int) -> list[BlockHash]:
         return hash_request_blocks(
-            request.all_token_ids, self.block_size, request.block_hashes, num_blocks
+            request.all_token_ids, self.block_size, request.block_hashes, num_blocks, request.lora_int_id
         )
 
     # -- prefix cache ----------------------------------------------------------------------

@@ -42,11 +42,16 @@ def hash_block_tokens(parent: BlockHash | None, token_ids: Sequence[int]) -> Blo
 
 
 def hash_request_blocks(
-    token_ids: Sequence[int], block_size: int, block_hashes: list[BlockHash], num_blocks: int
+    token_ids: Sequence[int], block_size: int, block_hashes: list[BlockHash], num_blocks: int,
+    extra_key: int = 0,
 ) -> list[BlockHash]:
-    """Extend ``block_hashes`` (in place) to cover the first ``num_blocks`` full blocks."""
+    """Extend ``block_hashes`` (in place) to cover the first ``num_blocks`` full blocks.
+
+    ``extra_key`` (a LoRA adapter's id; 0 = none) roots the chain elsewhere: the same tokens
+    under two adapters have different K/V, so their blocks never share a hash."""
     num_blocks = min(num_blocks, len(token_ids) // block_size)
-    parent = block_hashes[-1] if block_hashes else None
+    root = BlockHash(hash((_ROOT_HASH, extra_key)), ()) if extra_key else None
+    parent = block_hashes[-1] if block_hashes else root
     for i in range(len(block_hashes), num_blocks):
         parent = hash_block_tokens(parent, token_ids[i * block_size : (i + 1) * block_size])
         block_hashes.append(parent)

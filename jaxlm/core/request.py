@@ -45,6 +45,8 @@ class Request:
     sampling_params: Any  # jaxlm.SamplingParams
     eos_token_id: int | None = None
     arrival_time: float = dataclasses.field(default_factory=time.time)
+    # --scheduling-policy priority: lower runs first (ties by arrival); 0 under fcfs.
+    priority: int = 0
 
     output_token_ids: list[int] = dataclasses.field(default_factory=list)
     # prompt + output; what the KV cache holds (or will hold) for this sequence.
@@ -69,6 +71,12 @@ class Request:
     # Tokens that end the request (eos excluded: it is checked unless ignore_eos): the
     # SamplingParams' stop_token_ids as the InputProcessor resolved them.
     stop_token_ids: frozenset[int] = dataclasses.field(default_factory=frozenset, repr=False)
+    lora_request: Any = None  # jaxlm.lora.LoRARequest, or None for the base model
+
+    @property
+    def lora_int_id(self) -> int:
+        """The adapter's id, 0 for the base model."""
+        return self.lora_request.lora_int_id if self.lora_request is not None else 0
 
     def __post_init__(self) -> None:
         self.prompt_token_ids = list(self.prompt_token_ids)

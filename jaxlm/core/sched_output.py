@@ -18,6 +18,7 @@ class NewRequestData:
     block_ids: list[int]
     # Tokens whose K/V are already in the cache (prefix-cache hits).
     num_computed_tokens: int
+    lora_request: Any = None  # jaxlm.lora.LoRARequest, or None for the base model
 
 
 @dataclasses.dataclass

@@ -3,13 +3,14 @@
 One step = schedule() -> runner -> update_from_output(). Running requests go first (one decode
 token each, or the next chunk of a prompt), then waiting requests in FCFS order while the token
 budget, max_num_seqs and free blocks allow. When a running request needs a block and none is
-free, the newest running request is preempted (its blocks freed, recomputed later). Speculative
-decoding adds draft tokens to running decode requests (core/spec_decode.py).
+free, the newest running request is preempted (its blocks freed, recomputed later). Under
+--scheduling-policy priority the waiting queue is ordered by (priority, arrival) and the
+victim is the worst running request (core/request_queue.py). Speculative decoding adds draft
+tokens to running decode requests (core/spec_decode.py).
 """
 
 from __future__ import annotations
 
-import collections
 import itertools
 import logging
 import operator
@@ -18,11 +19,13 @@ from typing import Iterable
 
 import numpy as np
 
-from jaxlm.config import CacheConfig, SchedulerConfig, SpeculativeConfig
+from jaxlm.config import CacheConfig, LoRAConfig, SchedulerConfig, SpeculativeConfig
 from jaxlm.core import step_update
 from jaxlm.core.kv_cache_manager import KVCacheManager
+from jaxlm.core.lora_admission import LoRAAdmission, lora_counts
 from jaxlm.core.outputs import EngineCoreOutput, EngineCoreOutputBatch, FinishReason, ModelRunnerOutput
 from jaxlm.core.request import Request, RequestStatus
+from jaxlm.core.request_queue import RequestQueue, create_request_queue
 from jaxlm.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
 from jaxlm.core.spec_decode import SpecDecodeScheduling
 from jaxlm.core.stats import SchedulerStats
@@ -33,6 +36,7 @@ _computed = operator.attrgetter("num_computed_tokens")
 
 class Scheduler:
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
+                 lora_config: LoRAConfig | None = None,
                  speculative_config: SpeculativeConfig | None = None) -> None:
         if cache_config.num_gpu_blocks is None:
             raise ValueError("cache_config.num_gpu_blocks must be set before building the Scheduler")
@@ -48,7 +52,7 @@ class Scheduler:
             enable_prefix_caching=cache_config.enable_prefix_caching,
         )
         self.requests: dict[str, Request] = {}
-        self.waiting: collections.deque[Request] = collections.deque()
+        self.waiting: RequestQueue = create_request_queue(scheduler_config.scheduling_policy)
         self.running: list[Request] = []
         # Finished/aborted since the last schedule(): told to the runner in the next output.
         self.finished_req_ids: set[str] = set()
@@ -58,6 +62,8 @@ class Scheduler:
         # Speculative decoding (core/spec_decode.py); whether the step being scheduled speculates.
         self.spec = SpecDecodeScheduling(speculative_config) if speculative_config is not None else None
         self._spec_step = False
+        # LoRA: at most max_loras distinct adapters running (jaxlm/core/lora_admission.py).
+        self.lora = LoRAAdmission(lora_config.max_loras) if lora_config and lora_config.enable_lora else None
 
     # -- admission -------------------------------------------------------------------------
 
@@ -92,7 +98,7 @@ class Scheduler:
             )
         request.status = RequestStatus.WAITING
         self.requests[rid] = request
-        self.waiting.append(request)
+        self.waiting.add_request(request)
 
     # -- one step --------------------------------------------------------------------------
 
@@ -133,7 +139,7 @@ class Scheduler:
     def _schedule_running(self, num_scheduled_tokens: dict[str, int], cached: CachedRequestData,
                           spec_tokens: dict[str, list[int]]) -> tuple[int, list[Request]]:
         """Running requests: decode tokens and remaining prompt chunks, preempting the newest
-        when blocks run out. Returns (token budget left, preempted requests)."""
+        when blocks run out (the policy's victim). Returns (token budget left, preempted requests)."""
         token_budget = self.max_num_batched_tokens
         kv = self.kv_cache_manager
         preempted_reqs: list[Request] = []
@@ -158,7 +164,12 @@ class Scheduler:
                                                num_lookahead_tokens=self._lookahead(request, num_new_tokens))
                 if new_blocks is not None:
                     break
-                victim = self.running.pop()  # newest; never one already scheduled this step
+                victim_index = self.waiting.preemption_victim(self.running)
+                victim = self.running.pop(victim_index)
+                if victim_index < req_index:  # scheduled earlier in this step (priority): undo it
+                    req_index -= 1
+                    token_budget += _unschedule(victim.request_id, num_scheduled_tokens, cached)
+                    spec_tokens.pop(victim.request_id, None)
                 self._preempt(victim)
                 preempted_reqs.append(victim)
                 if victim is request:
@@ -177,12 +188,18 @@ class Scheduler:
 
     def _schedule_waiting(self, token_budget: int, num_scheduled_tokens: dict[str, int],
                           new_reqs_data: list[NewRequestData]) -> int:
-        """Waiting requests, FCFS, while budget, max_num_seqs and blocks allow; returns the budget left."""
+        """Waiting requests in the queue's order, while budget, max_num_seqs and blocks allow; returns the budget left."""
         kv = self.kv_cache_manager
+        held: list[Request] = []  # waiting for an adapter slot: they keep their place
+        if self.lora is not None:
+            self.lora.begin(self.running)
         while self.waiting and token_budget > 0:
             if len(self.running) >= self.max_num_seqs:
                 break
-            request = self.waiting[0]
+            request = self.waiting.peek_request()
+            if self.lora is not None and not self.lora.admits(request):
+                held.append(self.waiting.pop_request())
+                continue
             computed_blocks, num_computed = kv.get_computed_blocks(request)
             num_new_tokens = min(request.num_tokens - num_computed, token_budget)
             new_blocks = kv.allocate_slots(request, num_new_tokens, computed_blocks,
@@ -193,7 +210,7 @@ class Scheduler:
                     self._drop_unschedulable(request)
                     continue
                 break
-            self.waiting.popleft()
+            self.waiting.pop_request()
             if request.num_cached_tokens < 0:  # first admission (resumes are not counted)
                 kv.record_prefix_cache_query(request.num_tokens, num_computed)
                 request.num_cached_tokens = num_computed
@@ -211,8 +228,11 @@ class Scheduler:
                     sampling_params=request.sampling_params,
                     block_ids=kv.get_block_ids(request.request_id),
                     num_computed_tokens=num_computed,
+                    lora_request=request.lora_request,
                 )
             )
+        for request in reversed(held):
+            self.waiting.prepend_request(request)
         return token_budget
 
     def _preempt(self, request: Request) -> None:
@@ -222,8 +242,7 @@ class Scheduler:
         request.spec_token_ids = []
         request.num_preemptions += 1
         self.num_preemptions += 1
-        # Front of the queue: preempted requests pop newest-first, so FCFS order is kept.
-        self.waiting.appendleft(request)
+        self.waiting.prepend_request(request)
         logger.debug("Preempted request %s (%d times)", request.request_id, request.num_preemptions)
 
     def _drop_unschedulable(self, request: Request) -> None:
@@ -232,7 +251,7 @@ class Scheduler:
             request.request_id,
             self.kv_cache_manager.num_blocks,
         )
-        self.waiting.popleft()
+        self.waiting.pop_request()
         self._finish(request, RequestStatus.FINISHED_ABORTED)
         self._pending_outputs.append(
             EngineCoreOutput(req_id=request.request_id, new_token_ids=[], finish_reason=FinishReason.ABORT)
@@ -250,8 +269,8 @@ class Scheduler:
 
     def _advance_computed_batch(self, requests: list[Request], num_scheduled: np.ndarray) -> None:
         """A step's tokens are computed (sync: counted when its output comes back)."""
-        computed = np.fromiter(map(_computed, requests), np.int64, len(requests)) + num_scheduled
-        step_update.set_all(requests, "num_computed_tokens", computed.tolist())
+        step_update.set_all(requests, "num_computed_tokens",
+                            list(map(operator.add, map(_computed, requests), num_scheduled.tolist())))
 
     def _takes_output_mask(self, statuses: np.ndarray) -> np.ndarray:
         """Whether a step's output still applies to each request (sync: running ones only)."""
@@ -273,8 +292,8 @@ class Scheduler:
         """Drop requests the step finished from the running list (and, async, the waiting queue)."""
         # One O(running) pass instead of a list.remove per finished request.
         self.running = list(itertools.filterfalse(set(finished).__contains__, self.running))
-        for request in was_preempted:  # async: preempted while its last token was in flight
-            self.waiting.remove(request)
+        if was_preempted:  # async: preempted while its last token was in flight
+            self.waiting.remove_requests(was_preempted)
         for request in finished:
             self._free_finished(request)
 
@@ -287,6 +306,7 @@ class Scheduler:
         if isinstance(request_ids, str):
             request_ids = (request_ids,)
         to_drop: set[str] = set()
+        unqueued: list[Request] = []
         for rid in request_ids:
             request = self.requests.get(rid)
             if request is None or request.is_finished():
@@ -294,10 +314,12 @@ class Scheduler:
             if request.status == RequestStatus.RUNNING:
                 to_drop.add(rid)
             else:
-                self.waiting.remove(request)
+                unqueued.append(request)
             self._finish(request, finished_status)
         if to_drop:
             self.running = [r for r in self.running if r.request_id not in to_drop]
+        if unqueued:  # one pass over the queue for all of them
+            self.waiting.remove_requests(unqueued)
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
         request.status = status
@@ -336,5 +358,15 @@ class Scheduler:
             prefix_cache_hits=pc.hits,
             num_preemptions=self.num_preemptions,
             spec_decoding_stats=self.spec.stats.copy() if self.spec is not None else None,
+            running_lora_adapters=lora_counts(self.running) if self.lora else {},
+            waiting_lora_adapters=lora_counts(self.waiting) if self.lora else {},
         )
+
+
+def _unschedule(req_id: str, num_scheduled_tokens: dict[str, int], cached: CachedRequestData) -> int:
+    """Take a running request back out of this step's output; returns its tokens."""
+    i = cached.req_ids.index(req_id)
+    for column in (cached.req_ids, cached.new_block_ids, cached.num_computed_tokens):
+        del column[i]
+    return num_scheduled_tokens.pop(req_id)
 

@@ -89,6 +89,9 @@ class SchedulerStats:
     num_preemptions: int = 0
     # Cumulative; None unless the engine speculates.
     spec_decoding_stats: SpecDecodingStats | None = None
+    # LoRA adapter name -> requests running / waiting with it (vllm:lora_requests_info).
+    running_lora_adapters: dict[str, int] = dataclasses.field(default_factory=dict)
+    waiting_lora_adapters: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def prefix_cache_hit_rate(self) -> float:
@@ -108,4 +111,14 @@ def merge_scheduler_stats(stats: list[SchedulerStats]) -> SchedulerStats:
         prefix_cache_hits=sum(s.prefix_cache_hits for s in stats),
         num_preemptions=sum(s.num_preemptions for s in stats),
         spec_decoding_stats=merge_spec_decoding_stats([s.spec_decoding_stats for s in stats]),
+        running_lora_adapters=_sum_counts(s.running_lora_adapters for s in stats),
+        waiting_lora_adapters=_sum_counts(s.waiting_lora_adapters for s in stats),
     )
+
+
+def _sum_counts(dicts) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for d in dicts:
+        for k, v in d.items():
+            out[k] = out.get(k, 0) + v
+    return out

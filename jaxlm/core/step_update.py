@@ -15,16 +15,13 @@ from __future__ import annotations
 import functools
 import itertools
 import operator
-from typing import TYPE_CHECKING
+from typing import Any
 
 import numpy as np
 
 from jaxlm.core.outputs import EngineCoreOutputBatch, FinishReason, LogprobsLists, ModelRunnerOutput
 from jaxlm.core.request import Request, RequestStatus
 from jaxlm.core.sched_output import SchedulerOutput
-
-if TYPE_CHECKING:  # for annotations only; the scheduler imports this module
-    from jaxlm.core.scheduler import Scheduler
 
 _repeat = itertools.repeat
 _status = operator.attrgetter("status")
@@ -48,7 +45,9 @@ def set_all(items: list, name: str, values: list) -> None:
     list(map(setattr, items, _repeat(name), values))
 
 
-def update_from_output(sched: "Scheduler", so: SchedulerOutput, mro: ModelRunnerOutput) -> EngineCoreOutputBatch:
+def update_from_output(sched: Any, so: SchedulerOutput, mro: ModelRunnerOutput) -> EngineCoreOutputBatch:
+    """`sched`: the Scheduler (its requests, KV cache manager and batch hooks); not imported
+    here, so the scheduler alone depends on this module."""
     pending, sched._pending_outputs = sched._pending_outputs, []
     ids = list(so.num_scheduled_tokens)
     reqs = list(map(sched.requests.get, ids))
@@ -67,7 +66,7 @@ def update_from_output(sched: "Scheduler", so: SchedulerOutput, mro: ModelRunner
 class _Step:
     """One update: arrays over the step's requests (index i) and their new tokens (index j)."""
 
-    def __init__(self, sched: "Scheduler", mro: ModelRunnerOutput, ids: list[str], reqs: list[Request],
+    def __init__(self, sched: Any, mro: ModelRunnerOutput, ids: list[str], reqs: list[Request],
                  n_sched: np.ndarray, statuses: np.ndarray, spec_tokens: dict[str, list[int]]) -> None:
         self.sched, self.mro, self.ids, self.reqs = sched, mro, ids, reqs
         self.n_sched, self.statuses, self.spec_tokens = n_sched, statuses, spec_tokens
@@ -130,9 +129,14 @@ class _Step:
         if not len(has):
             return np.zeros(0, np.int64), np.zeros(len(count), np.int64)
         c = count[has]
-        tok_req = np.repeat(np.arange(len(has)), c)  # j -> position in `has`
-        cum = np.cumsum(c)
-        k = np.arange(len(tok_req)) - (cum - c)[tok_req]  # j's position among its request's new tokens
+        one_each = int(c.sum()) == len(has)  # the usual step: no array per token needed
+        if one_each:
+            tok_req, k = np.arange(len(has)), 0
+            cum = tok_req + 1
+        else:
+            tok_req = np.repeat(np.arange(len(has)), c)  # j -> position in `has`
+            cum = np.cumsum(c)
+            k = np.arange(len(tok_req)) - (cum - c)[tok_req]  # j's position among its request's new tokens
         pos = self.start[has][tok_req] + k
         tokens = self.mro.sampled_flat[pos]
         sub = [self.reqs[i] for i in has.tolist()] if len(has) < len(self.reqs) else self.reqs
@@ -140,7 +144,8 @@ class _Step:
         n_out = np.fromiter(map(len, map(_outputs, sub)), np.int64, len(sub))
         produced = (n_out[tok_req] + k + 1)  # the output count once token j is appended
         min_tokens = gather(_min_tokens, params)[tok_req]
-        eos = np.nan_to_num(np.array(list(map(_eos, sub)), np.float64), nan=-1).astype(np.int64)  # None: -1
+        eos_ids = list(map(_eos, sub))
+        eos = np.array([-1 if e is None else e for e in eos_ids] if None in eos_ids else eos_ids, np.int64)
         eos[gather(_ignore_eos, params, bool)] = -1
         eos_hit = (produced >= min_tokens) & (tokens == eos[tok_req])
         stop_hit = (produced >= min_tokens) & _in_stop_ids(tokens, tok_req, list(map(_stop_ids, sub)))
@@ -149,16 +154,19 @@ class _Step:
         ends = np.flatnonzero(eos_hit | stop_hit | length_hit)
         keep = np.ones(len(tokens), bool)
         if len(ends):
-            first_req, first = np.unique(tok_req[ends], return_index=True)
+            first_req, first = (ends, np.arange(len(ends))) if one_each else np.unique(tok_req[ends], return_index=True)
             for r, j in zip(first_req.tolist(), ends[first].tolist()):
                 keep[j + 1:cum[r]] = False  # tokens after the stop are dropped
                 stop_reason = int(tokens[j]) if stop_hit[j] and not eos_hit[j] else None
                 status = (RequestStatus.FINISHED_STOPPED if eos_hit[j] or stop_hit[j]
                           else RequestStatus.FINISHED_LENGTH_CAPPED)
                 finished[int(has[r])] = (status, stop_reason)
-        kept_count = np.zeros(len(count), np.int64)
-        kept_count[has] = np.bincount(tok_req[keep], minlength=len(has))
-        kept_tokens = tokens[keep].tolist()
+        if one_each:  # a stop keeps its own token: nothing is dropped
+            kept_count, kept_tokens = count, tokens.tolist()
+        else:
+            kept_count = np.zeros(len(count), np.int64)
+            kept_count[has] = np.bincount(tok_req[keep], minlength=len(has))
+            kept_tokens = tokens[keep].tolist()
         if len(kept_tokens) == len(sub):  # one token each: the usual decode step
             list(map(list.append, map(_outputs, sub), kept_tokens))
             list(map(list.append, map(_all_tokens, sub), kept_tokens))
@@ -167,7 +175,7 @@ class _Step:
             pieces = [kept_tokens[e - n:e] for e, n in zip(ends_k, kept_count[has].tolist())]
             list(map(list.extend, map(_outputs, sub), pieces))
             list(map(list.extend, map(_all_tokens, sub), pieces))
-        return pos[keep], kept_count
+        return (pos if one_each else pos[keep]), kept_count
 
     def _build(self, kept_pos: np.ndarray, kept_count: np.ndarray, finished: dict,
                pending: list) -> EngineCoreOutputBatch:
@@ -216,5 +224,7 @@ def _in_stop_ids(tokens: np.ndarray, tok_req: np.ndarray, stop_sets: list[frozen
     for stop_set, c in codes.items():
         if stop_set:
             mask = code[tok_req] == c
-            hit[mask] = np.isin(tokens[mask], np.fromiter(stop_set, np.int64, len(stop_set)))
+            ids = np.fromiter(stop_set, np.int64, len(stop_set))
+            # A few ids: one broadcast compare (np.isin's set-up costs more at these sizes).
+            hit[mask] = ((tokens[mask, None] == ids).any(1) if len(ids) <= 64 else np.isin(tokens[mask], ids))
     return hit

@@ -18,6 +18,7 @@ from jaxlm.config import (
     CompilationConfig,
     EngineConfig,
     LoadConfig,
+    LoRAConfig,
     ModelConfig,
     ObservabilityConfig,
     ParallelConfig,
@@ -104,6 +105,7 @@ class _EngineArgsMethods:
             load_config=self._build(LoadConfig),
             compilation_config=self._build(CompilationConfig),
             observability_config=self._build(ObservabilityConfig),
+            lora_config=self._build(LoRAConfig),
         )
 
 

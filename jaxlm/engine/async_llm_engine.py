@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import dataclasses
 import itertools
 import logging
 import threading
@@ -22,10 +21,13 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from jaxlm.core.outputs import FinishReason
+from jaxlm.engine.async_commands import AbortCommand as _Abort
+from jaxlm.engine.async_commands import AddCommand as _Add
+from jaxlm.engine.async_commands import Stream as _Stream
 from jaxlm.engine.exceptions import EngineDeadError, EngineGenerateError, QueueFullError
-from jaxlm.engine.input_processor import make_internal_request_id
+from jaxlm.engine.input_processor import ProcessedPrompt, make_internal_request_id
 from jaxlm.outputs import RequestOutput
-from jaxlm.sampling_params import SamplingParams
+from jaxlm.sampling_params import BeamSearchParams, SamplingParams
 
 if TYPE_CHECKING:
     from jaxlm.engine.arg_utils import EngineArgs
@@ -41,28 +43,6 @@ _STATS_INTERVAL_S = 0.05
 # wakes the wait at once); while idle, the cores' health is checked this often.
 _POLL_S = 1.0
 _ERROR = str(FinishReason.ERROR)
-
-
-@dataclasses.dataclass
-class _Stream:
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue  # RequestOutput | BaseException items
-    request_id: str  # the client's
-    num_seqs: int = 1  # the request's n
-
-
-@dataclasses.dataclass
-class _Add:
-    request_id: str  # the client's
-    internal_id: str
-    prompt: Any
-    params: SamplingParams
-    arrival_time: float
-
-
-@dataclasses.dataclass
-class _Abort:
-    internal_ids: list[str]
 
 
 class AsyncLLMEngine:
@@ -140,6 +120,15 @@ class AsyncLLMEngine:
         """The engine's InputProcessor (the one admission path) for checks before queueing."""
         return self.engine.get_input_processor()
 
+    def check_lora(self, lora_request: Any) -> None:
+        """ValueError naming what makes an adapter unusable on this model (safe from any thread)."""
+        self.engine.lora_checker.check(lora_request)
+
+    def forget_lora(self, lora_int_id: int) -> None:
+        """An adapter was unloaded: forget its check (the cores drop it from host memory and its
+        slot as newer adapters need the room)."""
+        self.engine.lora_checker.forget(lora_int_id)
+
     def get_diff_sampling_param(self) -> dict[str, Any]:
         """SamplingParams defaults from the model's generation_config.json (request fields win)."""
         return self.engine.get_diff_sampling_param()
@@ -151,9 +140,12 @@ class AsyncLLMEngine:
         sampling_params: SamplingParams,
         request_id: str,
         arrival_time: float | None = None,
+        priority: int = 0,
+        lora_request: Any = None,
     ) -> AsyncIterator[RequestOutput]:
         """Yields the request's outputs until it finishes; closing the generator aborts it.
-        Two live requests may share a request_id: each gets its own outputs."""
+        Two live requests may share a request_id: each gets its own outputs. lora_request: the
+        adapter (a LoRARequest) to run it with."""
         if not self.is_running:
             raise self.dead_error if self._dead is not None else EngineDeadError("engine is stopped")
         stream = _Stream(asyncio.get_running_loop(), asyncio.Queue(), request_id, sampling_params.n)
@@ -161,7 +153,7 @@ class AsyncLLMEngine:
             internal_id = make_internal_request_id(request_id, next(self._serial))
             self._streams[internal_id] = stream
             self._commands.append(_Add(request_id, internal_id, prompt, sampling_params,
-                                       arrival_time or time.time()))
+                                       arrival_time or time.time(), priority, lora_request))
             self._cv.notify()
         self._wakeup()
         finished = False
@@ -178,6 +170,23 @@ class AsyncLLMEngine:
         finally:
             if not finished:  # cancelled, closed early or the caller raised: free its KV blocks
                 self._abort_nowait([internal_id])
+
+    async def beam_search(self, prompt: ProcessedPrompt | list[int], request_id: str, params: BeamSearchParams,
+                          priority: int = 0, lora_request: Any = None) -> RequestOutput:
+        """vLLM's beam search for one checked prompt (jaxlm/beam_search.py): each step's beams run
+        as concurrent requests; one finished RequestOutput, a completion per beam, best first."""
+        from jaxlm.beam_search import BeamSearch, run_beam_search_async
+
+        if not isinstance(prompt, ProcessedPrompt):
+            prompt = ProcessedPrompt(None, list(prompt))
+        mc = self.engine_config.model_config
+        search = BeamSearch([prompt.prompt_token_ids], params, self.engine.eos_token_id, mc.max_model_len,
+                            mc.max_logprobs)
+        # The beams' prompts are the checked prompt plus sampled ids, within max_model_len (BeamSearch).
+        return await run_beam_search_async(
+            search, lambda ids, sp, rid: self.generate(ProcessedPrompt(None, ids), sp, rid, priority=priority,
+                                                  lora_request=lora_request),
+            request_id, prompt.prompt, self.tokenizer.decode if self.tokenizer is not None else None)
 
     async def abort(self, request_id: str | list[str]) -> None:
         """Abort every live request with these client ids."""
@@ -316,7 +325,8 @@ class AsyncLLMEngine:
         try:
             # Raises ValueError for bad input, QueueFullError past --max-num-queued-reqs.
             engine.add_request(cmd.request_id, cmd.prompt, cmd.params, arrival_time=cmd.arrival_time,
-                               internal_request_id=cmd.internal_id)
+                               internal_request_id=cmd.internal_id, priority=cmd.priority,
+                               lora_request=cmd.lora_request)
         except Exception as e:  # noqa: BLE001 - goes to this request's caller only
             with self._cv:
                 stream = self._streams.pop(cmd.internal_id, None)

@@ -73,13 +73,14 @@ class EngineCore:
             logger.info("async scheduling off: it does not run with %s yet", blocker)
         spec = config.speculative_config
         if config.scheduler_config.async_scheduling and blocker is None:
-            self.scheduler: Scheduler = AsyncScheduler(config.scheduler_config, config.cache_config, spec)
+            self.scheduler: Scheduler = AsyncScheduler(config.scheduler_config, config.cache_config,
+                                                       config.lora_config, spec)
             self._async_driver: AsyncStepDriver | None = AsyncStepDriver(self.scheduler, self.executor)
             if spec is not None:
                 logger.info("async scheduling: steps that speculate (%s) run synchronously; steps above "
                             "disable_by_batch_size=%s overlap", spec.method, spec.disable_by_batch_size)
         else:
-            self.scheduler = Scheduler(config.scheduler_config, config.cache_config, spec)
+            self.scheduler = Scheduler(config.scheduler_config, config.cache_config, config.lora_config, spec)
             self._async_driver = None
         # first child id -> siblings not yet handed to the scheduler (n > 1)
         self._deferred: dict[str, list[Request]] = {}
@@ -93,7 +94,8 @@ class EngineCore:
             self._init_structured_output()
         core_requests = [Request(request_id=r.request_id, prompt_token_ids=r.prompt_token_ids,
                                  sampling_params=r.sampling_params, eos_token_id=r.eos_token_id,
-                                 arrival_time=r.arrival_time) for r in requests]
+                                 arrival_time=r.arrival_time, priority=r.priority,
+                                 lora_request=r.lora_request) for r in requests]
         # n > 1: siblings wait until the first child's prompt is in the cache, then reuse its
         # blocks through the prefix cache instead of each prefilling its own copy.
         self.scheduler.add_request(core_requests[0])

@@ -25,6 +25,8 @@ MAX_BAD_WORDS = 256
 MAX_N = 1_024
 # Seeds are masked into the sampler's uint64 stream ids: int64 or uint64 values are accepted.
 _SEED_MIN, _SEED_MAX = -(1 << 63), (1 << 64) - 1
+# Priorities travel to the engine cores as msgpack integers (int64).
+_PRIORITY_MIN, _PRIORITY_MAX = -(1 << 63), (1 << 63) - 1
 # The sampler's float arrays are float32: a larger finite value would become inf there.
 _F32_MAX = 3.4028234663852886e38
 
@@ -85,11 +87,13 @@ class InputProcessor:
     (the others end a request unless ignore_eos, as stop_token_ids); check_params: the
     sampler's own admission check (what it cannot honour, e.g. logprobs above max_logprobs);
     structured_output_manager: returns the engine's StructuredOutputManager (built on first
-    use), which compiles a request's constraint here, so a bad one fails only that request."""
+    use), which compiles a request's constraint here, so a bad one fails only that request;
+    scheduling_policy: the engine's (a non-zero priority needs "priority")."""
 
     def __init__(self, tokenizer: Any, max_model_len: int, vocab_size: int, eos_token_id: int | None,
                  generation_eos_ids: set[int], check_params: Callable[[SamplingParams], None],
-                 structured_output_manager: Callable[[], Any] | None = None):
+                 structured_output_manager: Callable[[], Any] | None = None, *,
+                 scheduling_policy: str = "fcfs"):
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
@@ -97,9 +101,21 @@ class InputProcessor:
         self.generation_eos_ids = frozenset(generation_eos_ids)
         self.check_params = check_params
         self.structured_output_manager = structured_output_manager
+        self.scheduling_policy = scheduling_policy
 
     def check_request_id(self, request_id: str) -> None:
         check_utf8("request_id", request_id)
+
+    def check_priority(self, priority: Any) -> None:
+        """An int64; other than 0 only under the priority policy (vLLM refuses it too)."""
+        if not _is_int(priority):
+            raise InvalidRequestError("priority", f"priority must be an integer, got {type(priority).__name__}")
+        if not _PRIORITY_MIN <= priority <= _PRIORITY_MAX:
+            raise InvalidRequestError("priority", f"priority must fit in 64 bits, got {priority}")
+        if priority != 0 and self.scheduling_policy != "priority":
+            raise InvalidRequestError(
+                "priority", f"priority={priority} needs --scheduling-policy priority "
+                            f"(LLM(scheduling_policy='priority')); this engine schedules {self.scheduling_policy}")
 
     def process_prompt(self, prompt: PromptType | ProcessedPrompt) -> ProcessedPrompt:
         if isinstance(prompt, ProcessedPrompt):
@@ -113,6 +129,9 @@ class InputProcessor:
                 raise InvalidRequestError("prompt", "A prompt dict needs a 'prompt' or a 'prompt_token_ids' key")
         if isinstance(prompt, str):
             check_utf8("prompt", prompt)
+            if self.tokenizer is None:
+                raise InvalidRequestError("prompt", f"{_NO_TOKENIZER}: prompts must be token ids "
+                                                    "({'prompt_token_ids': [...]} or a list of ints)")
             text, ids = prompt, list(self.tokenizer.encode(prompt))
         elif isinstance(prompt, (list, tuple)) and all(_is_int(t) for t in prompt):
             text, ids = None, list(prompt)
@@ -148,6 +167,8 @@ class InputProcessor:
             raise InvalidRequestError("sampling_params", f"expected SamplingParams, got {type(params).__name__}")
         params = params.clone()  # re-runs SamplingParams' own checks on the current field values
         self._check_limits(params)
+        if self.tokenizer is None:
+            _check_without_tokenizer(params)
         params.max_tokens = self.max_tokens_for(prompt_len, params.max_tokens)
         if params.top_k >= self.vocab_size:
             params.top_k = 0  # all tokens, as vLLM clamps top_k to the vocabulary
@@ -196,6 +217,17 @@ class InputProcessor:
             if not (math.isfinite(bias) and abs(bias) <= _F32_MAX):
                 raise InvalidRequestError(
                     "logit_bias", f"logit_bias values must be finite float32 numbers, got {bias} for {token_id}")
+
+
+_NO_TOKENIZER = "skip_tokenizer_init is set (no tokenizer is loaded)"
+
+
+def _check_without_tokenizer(p: SamplingParams) -> None:
+    """What needs text refuses to run without a tokenizer (vLLM's skip_tokenizer_init)."""
+    for name, value in (("stop", p.stop), ("bad_words", p.bad_words), ("structured_outputs", p.structured_outputs)):
+        if value:
+            raise InvalidRequestError(name, f"{_NO_TOKENIZER}: {name} needs a tokenizer; use token ids "
+                                            "(stop_token_ids, logit_bias, allowed_token_ids) instead")
 
 
 def _check_count(param: str, what: str, count: int, limit: int) -> None:

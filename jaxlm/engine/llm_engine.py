@@ -8,6 +8,7 @@ import time
 from typing import Any, Iterable
 
 from jaxlm.core.scheduler import Scheduler
+from jaxlm.core.stats import merge_scheduler_stats
 from jaxlm.engine.core import EngineCore
 from jaxlm.engine.core_client import EngineCoreClient, InprocClient, prepare_frontend_process
 from jaxlm.engine.engine_stats import FrontendStats
@@ -22,6 +23,7 @@ from jaxlm.engine.output_processor import OutputProcessor, ParentRequest
 from jaxlm.engine.stat_logger import LoggingStatLogger
 from jaxlm.executor.abstract import Executor
 from jaxlm.executor.distributed import init_distributed
+from jaxlm.lora.checker import LoRAChecker
 from jaxlm.config import EngineConfig
 from jaxlm.model_loader import get_tokenizer, resolve_model_config
 from jaxlm.core.outputs import FinishReason
@@ -33,6 +35,14 @@ from jaxlm.worker.bucket_planner import resolve_auto_buckets
 from jaxlm.structured_output.manager import StructuredOutputManager
 
 logger = logging.getLogger(__name__)
+
+
+def _model_eos_token_id(hf_config: Any) -> int | None:
+    """The model config's eos id when no tokenizer is loaded (the first, if it lists several)."""
+    eos = getattr(hf_config, "eos_token_id", None)
+    if isinstance(eos, (list, tuple)):
+        eos = eos[0] if eos else None
+    return eos if isinstance(eos, int) else None
 
 
 class LLMEngine:
@@ -53,11 +63,13 @@ class LLMEngine:
         mc = config.model_config = resolve_model_config(config.model_config, config.load_config)
         config.scheduler_config.max_model_len = mc.max_model_len
         self.model_config = mc
-        self.tokenizer = get_tokenizer(mc)
+        # skip_tokenizer_init: token ids in and out; text-dependent fields are refused at admission.
+        self.tokenizer = None if mc.skip_tokenizer_init else get_tokenizer(mc)
         resolve_auto_buckets(config, self.tokenizer)  # --token-buckets auto: before any compile
         resolve_speculative_config(config, self.tokenizer)  # the draft model's config, its tokenizer checked
         vocab = int(mc.hf_config.vocab_size)
-        self.eos_token_id = self.tokenizer.eos_token_id
+        self.eos_token_id = (self.tokenizer.eos_token_id if self.tokenizer is not None
+                             else _model_eos_token_id(mc.hf_config))
         generation_config = try_get_generation_config(mc)
         self.default_sampling_params = get_diff_sampling_param(mc, generation_config)
         if self.default_sampling_params:
@@ -73,8 +85,9 @@ class LLMEngine:
         self.input_processor = InputProcessor(
             self.tokenizer, mc.max_model_len, vocab, self.eos_token_id,
             generation_eos_token_ids(generation_config, mc.hf_config), checker.check_params,
-            self.get_structured_output_manager)
+            self.get_structured_output_manager, scheduling_policy=config.scheduler_config.scheduling_policy)
         self._structured_output_manager: StructuredOutputManager | None = None
+        self.lora_checker = LoRAChecker(mc, config.lora_config)
         self.output_processor = OutputProcessor(self.tokenizer)
         # Builds (and warms up) the core(s): in this process, or engine-core processes.
         self.engine_core = EngineCoreClient.make_client(config, multiprocess, core_env)
@@ -161,11 +174,16 @@ class LLMEngine:
     # ---- requests ------------------------------------------------------------------------
 
     def add_request(self, request_id: str, prompt: PromptType | ProcessedPrompt, params: SamplingParams,
-                    arrival_time: float | None = None, *, internal_request_id: str | None = None) -> str:
+                    arrival_time: float | None = None, *, internal_request_id: str | None = None,
+                    priority: int = 0, lora_request: Any = None) -> str:
         """Validate and queue a request; returns its internal id (abort_request and step_routed
         use it; RequestOutput.request_id stays the client's). Raises ValueError naming the
-        problem, QueueFullError past max_num_queued_reqs (nothing queued either way)."""
+        problem, QueueFullError past max_num_queued_reqs (nothing queued either way). priority:
+        lower runs first under --scheduling-policy priority (its n > 1 sequences share it).
+        lora_request: the LoRARequest of the adapter to run it with (None: the base model)."""
         self.input_processor.check_request_id(request_id)
+        self.input_processor.check_priority(priority)
+        self.lora_checker.check(lora_request)
         internal_id = internal_request_id or make_internal_request_id(request_id, next(self._serial))
         if internal_id in self._live_ids:
             raise InvalidRequestError("request_id", f"Internal request id {internal_id!r} is already in use")
@@ -183,7 +201,8 @@ class LLMEngine:
         # later (step_routed reports it), so the request's state exists before it is sent.
         try:
             engine_index = self.engine_core.add_request([
-                EngineCoreRequest(child_id, processed.prompt_token_ids, child_params, self.eos_token_id, arrival_time)
+                EngineCoreRequest(child_id, processed.prompt_token_ids, child_params, self.eos_token_id, arrival_time,
+                                  priority=priority, lora_request=lora_request)
                 for child_id, child_params, _, _ in children])
         except Exception:
             self.output_processor.abort_requests([internal_id])
@@ -312,4 +331,10 @@ class LLMEngine:
     def get_stats(self) -> dict[str, Any]:
         """The totals over the engine cores (vLLM's metric names as keys), and per core its
         SchedulerStats ("engines") and token counters ("engine_tokens"): /metrics' series."""
-        return self.frontend_stats.get_stats(self.engine_core.get_scheduler_stats())
+        stats = self.frontend_stats.get_stats(self.engine_core.get_scheduler_stats())
+        lora = self.engine_config.lora_config
+        if lora.enable_lora:  # vllm:lora_requests_info: adapters of running / waiting requests
+            merged = merge_scheduler_stats(stats["engines"])
+            stats["lora"] = {"max_lora": lora.max_loras, "running": merged.running_lora_adapters,
+                             "waiting": merged.waiting_lora_adapters}
+        return stats

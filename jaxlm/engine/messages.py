@@ -12,6 +12,7 @@ import numpy as np
 
 from jaxlm.core.outputs import EngineCoreOutputBatch
 from jaxlm.core.stats import SchedulerStats
+from jaxlm.lora.request import LoRARequest
 from jaxlm.sampling_params import SamplingParams
 
 _NDARRAY_EXT = 1
@@ -39,6 +40,8 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     sampling_params: SamplingParams
     eos_token_id: int | None
     arrival_time: float
+    priority: int = 0  # --scheduling-policy priority (the front end checked it)
+    lora_request: LoRARequest | None = None
 
 
 class EngineCoreRejection(msgspec.Struct, array_like=True):

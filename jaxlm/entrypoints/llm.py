@@ -8,13 +8,15 @@ from typing import Any, Sequence
 
 from tqdm import tqdm
 
+from jaxlm.beam_search import BeamSearch, BeamSearchOutput, run_beam_search
 from jaxlm.config.model import load_chat_template
 from jaxlm.engine.arg_utils import EngineArgs
 from jaxlm.entrypoints.chat_utils import apply_chat_template, parse_chat_messages
 from jaxlm.engine.input_processor import PromptType
 from jaxlm.engine.llm_engine import LLMEngine
+from jaxlm.lora.request import LoRARequest
 from jaxlm.outputs import RequestOutput
-from jaxlm.sampling_params import RequestOutputKind, SamplingParams
+from jaxlm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 ChatMessages = list[dict[str, Any]]
 
@@ -22,13 +24,11 @@ ChatMessages = list[dict[str, Any]]
 # jaxlm always does, refused with a clear message otherwise.
 _VLLM_FIXED_ARGS: dict[str, tuple[Any, str]] = {
     "tokenizer_mode": ("auto", "jaxlm loads HF fast tokenizers only"),
-    "skip_tokenizer_init": (False, "jaxlm always loads the tokenizer"),
     "tokenizer_revision": (None, "pass a tokenizer directory as tokenizer="),
     "quantization": (None, "jaxlm has no quantized kernels (a GGUF file is dequantized when loaded)"),
     "kv_cache_dtype": ("auto", "the KV cache is kept in the model's dtype"),
     "enable_chunked_prefill": (True, "jaxlm always chunks prefills into the step budget"),
     "cpu_offload_gb": (0, "jaxlm does not offload weights"),
-    "enable_lora": (False, "LoRA adapters are not supported"),
     "hf_overrides": (None, "the model's config.json is used as it is"),
 }
 
@@ -80,8 +80,11 @@ class LLM:
 
     def generate(self, prompts: PromptType | Sequence[PromptType],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
-        """Run every prompt to completion; outputs come back in input order."""
+                 use_tqdm: bool = True, priority: Sequence[int] | None = None,
+                 lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs come back in input order. priority: one per
+        prompt, lower first (needs scheduling_policy="priority" unless all are 0). lora_request: the
+        adapter for every prompt, or one per prompt (None: the base model; needs enable_lora=True)."""
         if isinstance(prompts, (str, dict)) or (
                 isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
@@ -93,24 +96,49 @@ class LLM:
         if len(sampling_params) != len(prompts):
             raise ValueError(
                 f"Got {len(sampling_params)} sampling params for {len(prompts)} prompts: pass one or one per prompt")
+        if priority is None:
+            priority = [0] * len(prompts)
+        elif len(priority) != len(prompts):
+            raise ValueError(f"Got {len(priority)} priorities for {len(prompts)} prompts: pass one per prompt")
+        loras = list(lora_request) if isinstance(lora_request, (list, tuple)) else [lora_request] * len(prompts)
+        if len(loras) != len(prompts):
+            raise ValueError(f"Got {len(loras)} lora requests for {len(prompts)} prompts: pass one or one per prompt")
         ids = []
         try:
-            for prompt, params in zip(prompts, sampling_params):
+            for prompt, params, prio, lora in zip(prompts, sampling_params, priority, loras):
                 params = params.clone()
                 params.output_kind = RequestOutputKind.FINAL_ONLY
                 request_id = str(next(self._request_counter))
-                ids.append(self.llm_engine.add_request(request_id, prompt, params))
+                ids.append(self.llm_engine.add_request(request_id, prompt, params, priority=prio, lora_request=lora))
         except Exception:
             self.llm_engine.abort_request(ids, internal=True)
             raise
         return self._run_engine(ids, use_tqdm)
+
+    def beam_search(self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams,
+                    use_tqdm: bool = False, lora_request: LoRARequest | None = None) -> list[BeamSearchOutput]:
+        """vLLM's beam search (jaxlm/beam_search.py): per prompt, the beam_width best sequences;
+        each beam is one request per step, sharing the prompt's KV blocks through the prefix
+        cache. A sequence's tokens and text include the prompt's (as vLLM's LLM.beam_search)."""
+        if isinstance(prompts, (str, dict)):
+            prompts = [prompts]
+        engine = self.llm_engine
+        ids = [engine.input_processor.process_prompt(p).prompt_token_ids for p in prompts]
+        mc = engine.model_config
+        search = BeamSearch(ids, params, engine.eos_token_id, mc.max_model_len, mc.max_logprobs)
+        tokenizer = self.get_tokenizer()
+        return run_beam_search(
+            search, lambda step, sp: self.generate([{"prompt_token_ids": t} for t in step], sp, use_tqdm=use_tqdm,
+                                          lora_request=lora_request),
+            tokenizer.decode if tokenizer is not None else None)
 
     def chat(self, messages: ChatMessages | list[ChatMessages],
              sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
              use_tqdm: bool = True, chat_template: str | None = None,
              add_generation_prompt: bool = True, continue_final_message: bool = False,
              chat_template_kwargs: dict[str, Any] | None = None,
-             tools: list[dict[str, Any]] | None = None) -> list[RequestOutput]:
+             tools: list[dict[str, Any]] | None = None,
+             lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None) -> list[RequestOutput]:
         """Render each conversation with the chat template (this call's chat_template, else
         LLM(chat_template=...), else the tokenizer's: a file's path or the template itself),
         then generate. tools (OpenAI's {"type": "function", "function": {...}} dicts) reach the
@@ -118,6 +146,9 @@ class LLM:
         (SamplingParams(structured_outputs=...))."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         tokenizer = self.get_tokenizer()
+        if tokenizer is None:
+            raise ValueError("chat() renders messages with the tokenizer's chat template, and this LLM was "
+                             "built with skip_tokenizer_init=True: pass token ids to generate() instead")
         template = load_chat_template(chat_template) or self.llm_engine.model_config.chat_template
         prompts = []
         for conversation in conversations:
@@ -127,7 +158,7 @@ class LLM:
                                        **(chat_template_kwargs or {}))
             # The template carries BOS: no special tokens added again (as the server).
             prompts.append({"prompt_token_ids": list(tokenizer.encode(text, add_special_tokens=False))})
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, lora_request=lora_request)
 
     def _run_engine(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         """ids: the engine's internal ids, in input order."""

@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from jaxlm.model_loader.gguf_moe import (
+    fix_shape, is_moe, is_stacked_experts, moe_config, moe_hf_name, split_experts)
 from jaxlm.model_loader.gguf_reader import GGUFFile, GGUFTensorInfo
 from jaxlm.model_loader.errors import (
     CorruptCheckpointError,
@@ -52,9 +54,13 @@ def _field(reader: GGUFFile, key: str, default: Any = None) -> Any:
     return reader.fields.get(key, default)
 
 
-def gguf_hf_name(gguf_name: str, layer_names: dict[str, str] | None = None) -> str | None:
+def gguf_hf_name(gguf_name: str, layer_names: dict[str, str] | None = None, arch: str = "llama") -> str | None:
     """HF parameter name for a GGUF tensor name (``layer_names``: an architecture's per-layer
-    stems where they differ from llama's); None for tensors HF does not keep."""
+    stems where they differ from llama's; MoE tensors by ``arch``); None for tensors HF does not
+    keep."""
+    moe = moe_hf_name(arch, gguf_name)
+    if moe is not None:
+        return moe
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     if gguf_name in _SKIPPED:
@@ -99,6 +105,11 @@ GGUF_ARCHS: dict[str, GGUFArch] = {
     "llama": GGUFArch("LlamaForCausalLM", permuted_qk=True, explicit_head_dim=True, attention_bias_from_tensors=True),
     "qwen2": GGUFArch("Qwen2ForCausalLM", permuted_qk=False, explicit_head_dim=False,
                       attention_bias_from_tensors=False),
+    # Mixture of experts (jaxlm.model_loader.gguf_moe); Mixtral is "llama" with experts.
+    "qwen2moe": GGUFArch("Qwen2MoeForCausalLM", permuted_qk=False, explicit_head_dim=False,
+                         attention_bias_from_tensors=False),
+    "qwen3moe": GGUFArch("Qwen3MoeForCausalLM", permuted_qk=False, explicit_head_dim=True,
+                         attention_bias_from_tensors=True),
     # Phi-3 / Phi-4-mini: q/k/v and gate/up stay fused as in the HF checkpoint (the model splits them).
     "phi3": GGUFArch("Phi3ForCausalLM", permuted_qk=False, explicit_head_dim=False, attention_bias_from_tensors=False,
                      layer_names={"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}),
@@ -161,6 +172,8 @@ def gguf_config_dict(reader: GGUFFile, path: str) -> dict[str, Any]:
             cfg[hf_key] = int(v)
     if arch == "phi3":
         _phi3_config(reader, get, cfg, path)
+    if is_moe(arch, get):
+        cfg.update(moe_config(arch, get, tensor_names, cfg["num_hidden_layers"]))
     return cfg
 
 
@@ -247,12 +260,16 @@ def iterate_gguf_weights(reader: GGUFFile, path: str) -> Iterator[tuple[str, np.
     heads = int(_field(reader, f"{arch}.attention.head_count"))
     kv_heads = int(_field(reader, f"{arch}.attention.head_count_kv", heads))
     for t in reader.tensors:
-        hf_name = gguf_hf_name(t.name, spec.layer_names)
+        if is_stacked_experts(t.name):
+            # One stacked tensor on the host at a time, handed on expert by expert.
+            yield from split_experts(arch, t.name, _tensor_array(reader, t))
+            continue
+        hf_name = gguf_hf_name(t.name, spec.layer_names, arch)
         if hf_name is None:
             continue
         if hf_name == "":
             raise UnexpectedWeightError(path, t.name)
-        arr = _tensor_array(reader, t)
+        arr = fix_shape(hf_name, _tensor_array(reader, t))
         if spec.permuted_qk and hf_name.endswith(("q_proj.weight", "q_proj.bias")):
             arr = unpermute_qk(arr, heads)
         elif spec.permuted_qk and hf_name.endswith(("k_proj.weight", "k_proj.bias")):

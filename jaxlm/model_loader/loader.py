@@ -43,13 +43,15 @@ def get_model_class(model_config: ModelConfig) -> type:
         raise UnsupportedModelError(str(model_config.model), str(e)) from e
 
 
-def init_abstract_model(model_config: ModelConfig, *, attn_backend: Any, mesh: Any = None) -> nnx.Module:
+def init_abstract_model(model_config: ModelConfig, *, attn_backend: Any, mesh: Any = None,
+                        enable_expert_parallel: bool = False) -> nnx.Module:
     """The model with abstract (ShapeDtypeStruct) parameters: nothing allocated yet."""
     cls = get_model_class(model_config)
     dtype = get_jax_dtype(model_config)
     return nnx.eval_shape(
         lambda: cls(model_config.hf_config, dtype=dtype, attn_backend=attn_backend,
-                    rngs=nnx.Rngs(model_config.seed), mesh=mesh, max_model_len=model_config.max_model_len)
+                    rngs=nnx.Rngs(model_config.seed), mesh=mesh, max_model_len=model_config.max_model_len,
+                    enable_expert_parallel=enable_expert_parallel)
     )
 
 
@@ -75,9 +77,11 @@ class BaseModelLoader(abc.ABC):
     def count_weights(self, model_config: ModelConfig) -> int | None:
         return None
 
-    def load_model(self, model_config: ModelConfig, *, attn_backend: Any, mesh: Any = None) -> nnx.Module:
+    def load_model(self, model_config: ModelConfig, *, attn_backend: Any, mesh: Any = None,
+                   enable_expert_parallel: bool = False) -> nnx.Module:
         t0 = time.perf_counter()
-        model = init_abstract_model(model_config, attn_backend=attn_backend, mesh=mesh)
+        model = init_abstract_model(model_config, attn_backend=attn_backend, mesh=mesh,
+                                    enable_expert_parallel=enable_expert_parallel)
         self.load_weights(model, model_config)
         logger.info("loaded %s in %.2f s", model_config.model, time.perf_counter() - t0)
         return model
@@ -153,11 +157,13 @@ class OrbaxModelLoader(BaseModelLoader):
     def iterate_weights(self, model_config: ModelConfig) -> Iterator[tuple[str, str, np.ndarray]]:
         raise NotImplementedError("orbax checkpoints restore whole states, not tensor streams")
 
-    def load_model(self, model_config: ModelConfig, *, attn_backend: Any, mesh: Any = None) -> nnx.Module:
+    def load_model(self, model_config: ModelConfig, *, attn_backend: Any, mesh: Any = None,
+                   enable_expert_parallel: bool = False) -> nnx.Module:
         from jaxlm.model_loader.orbax_utils import restore_orbax
 
         t0 = time.perf_counter()
-        model = init_abstract_model(model_config, attn_backend=attn_backend, mesh=mesh)
+        model = init_abstract_model(model_config, attn_backend=attn_backend, mesh=mesh,
+                                    enable_expert_parallel=enable_expert_parallel)
         restore_orbax(model, str(model_config.model))
         still_abstract = abstract_leaves(model)
         if still_abstract:
@@ -178,11 +184,15 @@ def get_model_loader(model_config: ModelConfig, load_config: LoadConfig) -> Base
     return _LOADERS[fmt](load_config)
 
 
-def get_model(model_config: ModelConfig, load_config: LoadConfig, *, attn_backend: Any, mesh: Any = None) -> nnx.Module:
-    """Load the model of a resolved ``model_config`` (see resolve_model_config)."""
+def get_model(model_config: ModelConfig, load_config: LoadConfig, *, attn_backend: Any, mesh: Any = None,
+              enable_expert_parallel: bool = False) -> nnx.Module:
+    """Load the model of a resolved ``model_config`` (see resolve_model_config).
+
+    ``enable_expert_parallel``: MoE experts whole on each device of the "model" axis."""
     if model_config.hf_config is None or model_config.model is None:
         from jaxlm.model_loader.resolve import resolve_model_config
 
         model_config = resolve_model_config(model_config, load_config)
     loader = get_model_loader(model_config, load_config)
-    return loader.load_model(model_config, attn_backend=attn_backend, mesh=mesh)
+    return loader.load_model(model_config, attn_backend=attn_backend, mesh=mesh,
+                             enable_expert_parallel=enable_expert_parallel)

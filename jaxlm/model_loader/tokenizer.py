@@ -131,4 +131,5 @@ def get_tokenizer(model_config: ModelConfig, **kwargs: Any) -> Any:
         return AutoTokenizer.from_pretrained(directory, **kwargs)
     if path.endswith(".gguf") or detect_load_format(path) == "gguf":
         return _gguf_tokenizer(find_gguf_file(path), **kwargs)
-    raise NoWeightsError(path, "no tokenizer files (tokenizer.json / tokenizer_config.json) found")
+    raise NoWeightsError(path, "no tokenizer files (tokenizer.json / tokenizer_config.json) found; "
+                               "--skip-tokenizer-init (LLM(skip_tokenizer_init=True)) runs on token ids without one")

@@ -25,7 +25,8 @@ from jaxlm.core.kv_cache_utils import KVCacheSpec
 from jaxlm.model_loader.errors import UnexpectedWeightError, WeightShapeError
 from jaxlm.models.layers import LMHead
 from jaxlm.models.utils import (
-    MODEL_AXIS, STAGE_AXIS, get_param_partition_spec, hf_shape, place, stage_mesh, to_param_layout)
+    MODEL_AXIS, STAGE_AXIS, get_param_partition_spec, hf_shape, place, place_block, stage_mesh,
+    to_param_layout)
 
 logger = logging.getLogger(__name__)
 
@@ -33,13 +34,18 @@ DEFAULT_SOURCE = "<checkpoint>"
 
 
 class WeightTarget:
-    """Where one HF tensor goes: a list of (Param, HF array -> Param array), and its HF shape."""
+    """Where one HF tensor goes: a list of (Param, HF array -> Param array), and its HF shape.
 
-    __slots__ = ("hf_shape", "parts")
+    ``starts``: the array is a block of each Param, written at these start indices (one
+    expert of a stacked ``[E, ...]`` Param); None: it is the whole Param."""
 
-    def __init__(self, hf_shape: tuple[int, ...], parts: list[tuple[nnx.Variable, Callable[[np.ndarray], np.ndarray]]]):
+    __slots__ = ("hf_shape", "parts", "starts")
+
+    def __init__(self, hf_shape: tuple[int, ...], parts: list[tuple[nnx.Variable, Callable[[np.ndarray], np.ndarray]]],
+                 starts: tuple[int, ...] | None = None):
         self.hf_shape = tuple(hf_shape)
         self.parts = parts
+        self.starts = starts
 
 
 def _path_name(path: tuple) -> str:
@@ -147,11 +153,14 @@ class CausalLMBase(nnx.Module):
 
     def __init__(
         self, config: Any, *, dtype: jnp.dtype, attn_backend, rngs: nnx.Rngs, mesh: Mesh | None = None,
+        enable_expert_parallel: bool = False,
         max_model_len: int | None = None,
     ):
         # Static attributes (hashable, so the graphdef can key a jit cache).
         self.dtype = jnp.dtype(dtype)
         self.mesh = mesh
+        # MoE families: whole experts per device on the "model" axis instead of split experts.
+        self.enable_expert_parallel = bool(enable_expert_parallel)
         # The engine's context length (None: the model's own); longrope picks its factors by it.
         self.max_model_len = max_model_len
         self.attn_backend = attn_backend
@@ -284,7 +293,11 @@ class CausalLMBase(nnx.Module):
                 raise WeightShapeError(source, raw_name, target.hf_shape, shape)
             host = np.asarray(array)
             for param, fn in target.parts:
-                place(param, fn(host), self.dtype, mesh_of.get(id(param), self.mesh))
+                mesh = mesh_of.get(id(param), self.mesh)
+                if target.starts is None:
+                    place(param, fn(host), self.dtype, mesh)
+                else:
+                    place_block(param, fn(host), target.starts, self.dtype, mesh)
             loaded.add(name)
             del array, host  # not held while the next tensor is read
         logger.debug("loaded %d tensors from %s", len(loaded), source)

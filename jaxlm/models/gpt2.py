@@ -124,6 +124,8 @@ class GPT2Model(DecoderStack):
 
 class GPT2LMHeadModel(CausalLMBase):
     _ignored_suffixes = (".attn.bias", ".attn.masked_bias")
+    # HF's fused c_attn is our q/k/v (vLLM's name): an adapter on c_attn is split over them.
+    packed_modules_mapping = {"c_attn": ("q_proj", "k_proj", "v_proj")}
 
     @classmethod
     def make_args(cls, config: Any) -> GPT2Args:

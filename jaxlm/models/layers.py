@@ -35,7 +35,11 @@ class ParallelStyle(enum.Enum):
 
 
 class Linear(nnx.Module):
-    """y = x @ W (+ b), W [in, out]. ``hf_layout`` says how the checkpoint stores W."""
+    """y = x @ W (+ b), W [in, out]. ``hf_layout`` says how the checkpoint stores W.
+
+    ``lora``: the LoRA adapters' slots (jaxlm/lora/layers.py), installed after loading when the
+    engine serves adapters; it then runs the matmul with the adapters' delta added.
+    """
 
     def __init__(
         self,
@@ -56,9 +60,10 @@ class Linear(nnx.Module):
             make_param(rngs, (out_features,), dtype, parallel.bias_spec, init="zeros", kv_repeat=kv_repeat)
             if bias else None
         )
+        self.lora = nnx.data(None)
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        y = x @ self.weight[...]
+        y = x @ self.weight[...] if self.lora is None else self.lora(x, self.weight[...])
         if self.bias is not None:
             y = y + self.bias[...]
         return y

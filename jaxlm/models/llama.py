@@ -14,7 +14,7 @@ smollm3.py, granite.py.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -126,13 +126,19 @@ class LlamaAttention(nnx.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def __call__(self, x, positions, kv_cache, md: AttentionMetadata):
+    def project_qkv(self, x):
+        """q [T, heads, D], k and v [T, KV heads, D], before rope (OLMoE overrides the norms)."""
         T = x.shape[0]
         q = self.q_proj(x).reshape(T, self.num_heads, self.head_dim)
         k = self.k_proj(x).reshape(T, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).reshape(T, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
+        return q, k, v
+
+    def __call__(self, x, positions, kv_cache, md: AttentionMetadata):
+        T = x.shape[0]
+        q, k, v = self.project_qkv(x)
         if self.rotary_emb is not None:  # None: a layer without rope (SmolLM3)
             q, k = self.rotary_emb(positions, q, k)
         out, kv_cache = self.attn_backend(q, k, v, kv_cache, md, scale=self.scale, sliding_window=self.sliding_window)
@@ -153,9 +159,15 @@ class LlamaMLP(nnx.Module):
 
 
 class LlamaDecoderLayer(nnx.Module):
-    def __init__(self, args: LlamaArgs, layer_idx: int, rope, *, dtype, attn_backend, rngs: nnx.Rngs):
-        self.self_attn = LlamaAttention(args, layer_idx, rope, dtype=dtype, attn_backend=attn_backend, rngs=rngs)
-        self.mlp = LlamaMLP(args, dtype=dtype, rngs=rngs)
+    """Pre-norm attention + MLP. A family may hand in its own attention or MLP module (OLMoE's
+    attention, the MoE block): one decoder layer for every Llama-like family."""
+
+    def __init__(self, args: LlamaArgs, layer_idx: int, rope, *, dtype, attn_backend, rngs: nnx.Rngs,
+                 self_attn: nnx.Module | None = None, mlp: nnx.Module | None = None):
+        if self_attn is None:
+            self_attn = LlamaAttention(args, layer_idx, rope, dtype=dtype, attn_backend=attn_backend, rngs=rngs)
+        self.self_attn = self_attn
+        self.mlp = LlamaMLP(args, dtype=dtype, rngs=rngs) if mlp is None else mlp
         self.input_layernorm = rms_norm(args, args.hidden_size, dtype=dtype, rngs=rngs)
         self.post_attention_layernorm = rms_norm(args, args.hidden_size, dtype=dtype, rngs=rngs)
 
@@ -170,7 +182,7 @@ class LlamaModel(DecoderStack):
     """``rope``: one RotaryEmbedding for every layer, or one per layer (None: no rope there)."""
 
     def __init__(self, args: LlamaArgs, rope, *, dtype, attn_backend, rngs: nnx.Rngs,
-                 layer_cls: type = LlamaDecoderLayer):
+                 layer_cls: Callable[..., nnx.Module] = LlamaDecoderLayer):
         ropes = rope if isinstance(rope, Sequence) else (rope,) * args.num_layers
         self.embed_tokens = Embedding(args.vocab_size, args.hidden_size, dtype=dtype, rngs=rngs)
         self.layers = nnx.List(

@@ -32,6 +32,10 @@ def _rows(param: nnx.Variable, lo: int, hi: int) -> Callable[[np.ndarray], np.nd
 
 
 class Phi3ForCausalLM(LlamaForCausalLM):
+    # HF's fused linears and the ones they hold here, in _FUSED's order (vLLM's name): a LoRA
+    # adapter on qkv_proj / gate_up_proj is split over the parts' output rows the same way.
+    packed_modules_mapping = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
     def _fused_names(self) -> dict[str, tuple[str, ...]]:
         return {f"model.layers.{i}.{fused}": tuple(f"model.layers.{i}.{p}" for p in parts)
                 for i in range(self.args.num_layers) for fused, parts in _FUSED.items()}

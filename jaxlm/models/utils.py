@@ -8,6 +8,7 @@ under ``nnx.eval_shape``); the loader applies it when it places the real array.
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import jax
@@ -149,12 +150,45 @@ def to_hf_layout(param: nnx.Variable, array: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(array)
 
 
-def place(param: nnx.Variable, array: np.ndarray, dtype: jnp.dtype, mesh: Mesh | None) -> None:
-    """Convert one host array to ``dtype`` and put it straight onto the Param's sharding."""
+def _as_dtype(array: np.ndarray, dtype: jnp.dtype) -> np.ndarray:
     host = np.asarray(array)
     if host.dtype != np.dtype(dtype):
         # ml_dtypes (bf16) casts through numpy; float32 is the CPU default.
         host = host.astype(dtype)
+    return host
+
+
+def place(param: nnx.Variable, array: np.ndarray, dtype: jnp.dtype, mesh: Mesh | None) -> None:
+    """Convert one host array to ``dtype`` and put it straight onto the Param's sharding."""
+    host = _as_dtype(array, dtype)
     sharding = param_sharding(param, mesh)
     value = jax.device_put(host, sharding) if sharding is not None else jax.device_put(host)
     param.set_value(value)
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _write_block(value: jax.Array, block: jax.Array, starts: tuple[jax.Array, ...]) -> jax.Array:
+    return jax.lax.dynamic_update_slice(value, block, starts)
+
+
+def place_block(param: nnx.Variable, array: np.ndarray, starts: tuple[int, ...], dtype: jnp.dtype,
+                mesh: Mesh | None) -> None:
+    """Write one host block into the Param at ``starts`` (an expert of a stacked ``[E, ...]``
+    Param), on the device, in place: the Param starts as zeros on its sharding, so host memory
+    holds one checkpoint tensor at a time, never the stacked array."""
+    host = _as_dtype(array, dtype)
+    sharding = param_sharding(param, mesh)
+    value = param.get_value()
+    if isinstance(value, jax.ShapeDtypeStruct):
+        value = jnp.zeros(value.shape, dtype, device=sharding)
+    block_sharding = None
+    if sharding is not None:
+        # The block is split like the Param on the dims it spans whole; replicated on the others.
+        spec = tuple(sharding.spec) + (None,) * (value.ndim - len(sharding.spec))
+        block_sharding = NamedSharding(sharding.mesh, PartitionSpec(
+            *(e if host.shape[i] == value.shape[i] else None for i, e in enumerate(spec))))
+    block = jax.device_put(host, block_sharding) if block_sharding is not None else jax.device_put(host)
+    out = _write_block(value, block, tuple(np.int32(s) for s in starts))
+    if sharding is not None and out.sharding != sharding:
+        out = jax.device_put(out, sharding)
+    param.set_value(out)

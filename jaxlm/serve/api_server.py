@@ -26,6 +26,8 @@ from jaxlm.serve.metrics import ServerMetrics, cache_config_info
 from jaxlm.serve.middleware import AuthenticationMiddleware, BodyLimitMiddleware
 from jaxlm.serve.request_logger import RequestLogger
 from jaxlm.serve.routes import ROUTERS
+from jaxlm.serve.routes.lora import router as lora_router
+from jaxlm.serve.serving_models import ServingModels, runtime_lora_updating_allowed
 from jaxlm.serve.serving_chat import OpenAIServingChat
 from jaxlm.serve.serving_completion import OpenAIServingCompletion
 
@@ -46,6 +48,8 @@ def build_app(args: argparse.Namespace) -> FastAPI:
     install_error_handlers(app)
     for router in ROUTERS:
         app.include_router(router)
+    if runtime_lora_updating_allowed():  # vLLM's switch: POST /v1/load_lora_adapter, /v1/unload_lora_adapter
+        app.include_router(lora_router)
     # add_middleware wraps: the last added runs first (CORS, then the key, then the body limit).
     app.add_middleware(BodyLimitMiddleware, max_bytes=args.max_request_body_bytes,
                        idle_timeout_s=args.request_header_timeout)
@@ -78,10 +82,12 @@ def init_app_state(engine: AsyncLLMEngine, state: Any, args: argparse.Namespace)
                                   num_engines=engine.engine_config.parallel_config.data_parallel_size)
     chat_template = load_chat_template(getattr(args, "chat_template", None))
     request_logger = _request_logger(args, engine.engine_config.observability_config)
+    state.models = ServingModels(engine, names, model_config.model, max_model_len,
+                                 getattr(args, "lora_modules", None))
     state.serving_completion = OpenAIServingCompletion(engine, names, max_model_len, state.metrics, chat_template,
-                                                       request_logger)
+                                                       request_logger, state.models)
     state.serving_chat = OpenAIServingChat(engine, names, max_model_len, state.metrics, chat_template,
-                                           request_logger)
+                                           request_logger, state.models)
     state.serving_chat.template_policy = ChatTemplatePolicy(
         trust_request_chat_template=args.trust_request_chat_template, timeout_s=args.chat_template_timeout)
     state.serving_chat.configure(args)  # tool-call and reasoning parsers

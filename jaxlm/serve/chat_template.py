@@ -71,6 +71,7 @@ async def render_chat_request(serving: Any, request: Any) -> list[int]:
     """A chat request's prompt token ids (template + tokenization), computed on a worker thread.
     serving: OpenAIServingChat (its render/encode/tokenizer); its `template_policy` attribute,
     set by the server, says what a request's template may do (refused by default)."""
+    serving.require_tokenizer("messages", "a chat template")
     policy: ChatTemplatePolicy = getattr(serving, "template_policy", None) or ChatTemplatePolicy()
     template = request_template(request)
     kwargs = template_kwargs(request)

@@ -9,6 +9,7 @@ from typing import Sequence
 
 from jaxlm.config import parse_json_list
 from jaxlm.engine.arg_utils import EngineArgs, HelpFormatter
+from jaxlm.lora.module_path import parse_lora_module
 
 _LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
@@ -38,6 +39,13 @@ def _json_list(text: str) -> list:
         return parse_json_list(text)
     except ValueError as e:  # json's errors are ValueErrors too
         raise argparse.ArgumentTypeError(f"{text!r} is not a JSON list: {e}") from e
+
+
+def _lora_module(text: str):
+    try:
+        return parse_lora_module(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
 
 
 def _positive_int(text: str) -> int:
@@ -88,6 +96,10 @@ def _add_server_args(parser: argparse.ArgumentParser) -> None:
                         help="seconds in-flight requests may run after SIGTERM before they are aborted")
     server.add_argument("--uvicorn-log-level", default="info", choices=_LOG_LEVELS, help="uvicorn's log level")
     server.add_argument("--disable-uvicorn-access-log", action="store_true", help="no per-request access log")
+    server.add_argument("--lora-modules", type=_lora_module, nargs="+", action="extend", default=None,
+                        metavar="NAME=PATH",
+                        help="LoRA adapters to serve (with --enable-lora): name=path or JSON "
+                             '\'{"name": ..., "path": ..., "base_model_name": ...}\'; a request\'s model may name one')
     server.add_argument("--enable-tokenizer-info-endpoint", action="store_true",
                         help="serve GET /tokenizer_info (tokenizer config and chat template; lm-eval's remote tokenizer)")
     _add_tool_args(parser)

@@ -83,6 +83,16 @@ _SCHEDULER_FIELDS = {
 }
 
 
+def _lora_info(lora: dict[str, Any]) -> Metric:
+    """vLLM's vllm:lora_requests_info: the adapters (comma-separated names) of running and waiting
+    requests as labels, the time of the reading as the value."""
+    labels = {"max_lora": str(lora["max_lora"]), "running_lora_adapters": ",".join(sorted(lora["running"])),
+              "waiting_lora_adapters": ",".join(sorted(lora["waiting"]))}
+    family = GaugeMetricFamily("vllm:lora_requests_info", "Running stats on lora requests.", labels=list(labels))
+    family.add_metric(list(labels.values()), time.time())
+    return family
+
+
 class EngineStatsCollector:
     """Engine-level metrics from the stats snapshot, read at scrape time (the engine counts;
     the server only exposes): gauges, counters, vllm:iteration_tokens_total and
@@ -117,6 +127,8 @@ class EngineStatsCollector:
         for index in range(len(engines)):
             info.add_metric([*self.cache_config_info.values(), str(index)], 1.0)
         yield info
+        if stats.get("lora") is not None:
+            yield _lora_info(stats["lora"])
 
 
 def _engine_value(stats: dict[str, Any], key: str, sched: Any, tokens: Any) -> float:

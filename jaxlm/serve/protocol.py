@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from jaxlm.sampling_params import RequestOutputKind, SamplingParams
+from jaxlm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 from jaxlm.serve.protocol_tools import ResponseFormat
 
 # Upper bound of `n`: one request must not monopolise the engine (vLLM has no hard limit, but a
@@ -36,15 +36,11 @@ UNSUPPORTED_FIELDS: dict[str, tuple[Any, ...]] = {
     "guided_decoding_backend": (),
     "functions": (),
     "function_call": ("none", "auto"),
-    "use_beam_search": (),
-    "length_penalty": (1.0,),
     "prompt_embeds": (),
     "logits_processors": (),
     "cache_salt": (),
     "kv_transfer_params": (),
     "vllm_xargs": (),
-    "priority": (),
-    "return_token_ids": (),
     "mm_processor_kwargs": (),
     "documents": (),
     "reasoning_effort": (),
@@ -147,7 +143,15 @@ class SamplingRequest(OpenAIBaseModel):
     truncate_prompt_tokens: int | None = Field(None, ge=-1)
     # Logprob tokens as "token_id:N" (for tokens that are not valid UTF-8 alone), as vLLM.
     return_tokens_as_token_ids: bool | None = None
+    # vLLM's: the choices carry token_ids (a stream's chunks their new ones) and the prompt's
+    # prompt_token_ids (a stream's first chunk): what --skip-tokenizer-init clients read.
+    return_token_ids: bool | None = None
     best_of: int | None = None
+    # --scheduling-policy priority: lower runs first (any other value under fcfs is a 400).
+    priority: int = 0
+    # Beam search (vLLM's): n beams, ranked by cumulative logprob / length ** length_penalty.
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
     # Output constraints (serve/structured.py reads them; at most one per request): OpenAI's
     # response_format, vLLM's structured_outputs and its older guided_* fields.
     response_format: ResponseFormat | None = None
@@ -166,6 +170,25 @@ class SamplingRequest(OpenAIBaseModel):
             if name in UNSUPPORTED_FIELDS and not _is_off(name, value):
                 return name
         return None
+
+    def beam_search_params(self, params: SamplingParams) -> BeamSearchParams | None:
+        """use_beam_search: the beam search the request's resolved params describe (n beams)."""
+        if not self.use_beam_search:
+            return None
+        return BeamSearchParams(beam_width=params.n, max_tokens=params.max_tokens, ignore_eos=params.ignore_eos,
+                                temperature=params.temperature, length_penalty=self.length_penalty,
+                                include_stop_str_in_output=params.include_stop_str_in_output)
+
+    def token_ids_fields(self, token_ids: list[int] | None = None,
+                         prompt_token_ids: list[int] | None = None) -> dict[str, list[int]]:
+        """return_token_ids: the extra fields of a choice (or response); {} otherwise, so other
+        responses keep their exact shape."""
+        if not self.return_token_ids:
+            return {}
+        fields = {} if token_ids is None else {"token_ids": list(token_ids)}
+        if prompt_token_ids is not None:
+            fields["prompt_token_ids"] = list(prompt_token_ids)
+        return fields
 
     def ignored_fields(self) -> list[str]:
         """Fields in neither schema: ignored (with a warning), as vLLM."""

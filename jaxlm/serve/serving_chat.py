@@ -29,9 +29,9 @@ from jaxlm.serve.protocol_chat import (
     ChatCompletionStreamResponse,
     DeltaMessage,
 )
-from jaxlm.serve.serving_engine import (
+from jaxlm.serve.serving_engine import OpenAIServing
+from jaxlm.serve.stream_utils import (
     ChoiceState,
-    OpenAIServing,
     add_prompt_logprobs,
     clamp_logprob,
     prompt_logprobs_json,
@@ -61,6 +61,10 @@ class OpenAIServingChat(OpenAIServing):
     def configure(self, args: argparse.Namespace) -> None:
         """The server's tool-calling and reasoning flags; unknown parser names are refused by the
         argument parser, a tokenizer a parser cannot use fails here, at start-up."""
+        if self.tokenizer is None and (getattr(args, "enable_auto_tool_choice", False)
+                                       or getattr(args, "reasoning_parser", None)):
+            raise ValueError("--tool-call-parser and --reasoning-parser read text: they need a tokenizer "
+                             "(drop --skip-tokenizer-init)")
         if getattr(args, "enable_auto_tool_choice", False):
             self.tool_parser = ToolParserManager.get_tool_parser(args.tool_call_parser)
             self.tool_parser(self.tokenizer)
@@ -130,7 +134,8 @@ class OpenAIServingChat(OpenAIServing):
         max_tokens = self.resolve_max_tokens(len(ids), request.requested_max_tokens())
         params = self.build_params(request.to_sampling_params, max_tokens, structured_outputs)
         request_id = f"chatcmpl-{request.request_id or random_uuid()}"
-        gen = self.generate(ids, params, request_id, arrival_time)
+        gen = self.generate(ids, params, request_id, arrival_time, priority=request.priority,
+                            beam_search=self.beam_search_params(request, params), model=model)
         try:
             first = await anext(gen)  # errors before the first output keep their HTTP status
         except StopAsyncIteration:
@@ -139,7 +144,7 @@ class OpenAIServingChat(OpenAIServing):
             await gen.aclose()
             raise
         if request.stream:
-            return self._stream(request, model, request_id, len(ids), first, gen, parsers)
+            return self._stream(request, model, request_id, ids, first, gen, parsers)
         states: dict[int, ChoiceState] = {}
         prompt_lps: dict[int, list] = {}
         out = first
@@ -164,27 +169,33 @@ class OpenAIServingChat(OpenAIServing):
                 logprobs=self._logprobs(request, st.token_ids, st.logprobs) if request.logprobs else None,
                 finish_reason=out_parser.finish_reason(st.finish_reason, called),
                 stop_reason=st.stop_reason,
+                **request.token_ids_fields(st.token_ids),
             ))
         completion_tokens = sum(len(s.token_ids) for s in states.values())
         usage = UsageInfo(prompt_tokens=len(ids), completion_tokens=completion_tokens,
                           total_tokens=len(ids) + completion_tokens)
         return ChatCompletionResponse(id=request_id, model=model, choices=choices, usage=usage,
-                                      prompt_logprobs=prompt_logprobs_json(prompt_lps.get(0)))
+                                      prompt_logprobs=prompt_logprobs_json(prompt_lps.get(0)),
+                                      **request.token_ids_fields(None, ids))
 
-    async def _stream(self, request, model, request_id, prompt_len, first, gen,
+    async def _stream(self, request, model, request_id, prompt_ids, first, gen,
                       parsers: ChatOutputParsers) -> AsyncIterator[str]:
         created = int(time.time())
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
         completion_tokens = 0
 
-        def chunk(choice: ChatCompletionResponseStreamChoice) -> str:
-            return sse(ChatCompletionStreamResponse(id=request_id, created=created, model=model, choices=[choice]))
+        prompt_len = len(prompt_ids)
+
+        def chunk(choice: ChatCompletionResponseStreamChoice, **extra: list[int]) -> str:
+            return sse(ChatCompletionStreamResponse(id=request_id, created=created, model=model, choices=[choice],
+                                                    **extra))
 
         try:
             # OpenAI sends the role first, once per choice, with empty content.
             for i in range(request.n):
                 yield chunk(ChatCompletionResponseStreamChoice(
-                    index=i, delta=DeltaMessage(role="assistant", content=""), logprobs=None))
+                    index=i, delta=DeltaMessage(role="assistant", content=""), logprobs=None),
+                    **request.token_ids_fields(None, prompt_ids if i == 0 else None))
             outputs: dict[int, ChoiceOutput] = {}
             out = first
             while out is not None:
@@ -194,9 +205,10 @@ class OpenAIServingChat(OpenAIServing):
                     out_parser = outputs.setdefault(o.index, parsers.for_choice())
                     delta = DeltaMessage(content=o.text) if out_parser.plain else out_parser.delta(o.text, request)
                     if (delta is not None and (delta.content or not out_parser.plain)) \
-                            or (logprobs and logprobs.content):
+                            or (logprobs and logprobs.content) or (request.return_token_ids and o.token_ids):
                         yield chunk(ChatCompletionResponseStreamChoice(
-                            index=o.index, delta=delta or DeltaMessage(), logprobs=logprobs))
+                            index=o.index, delta=delta or DeltaMessage(), logprobs=logprobs,
+                            **request.token_ids_fields(o.token_ids)))
                     if o.finish_reason is not None:
                         rest = out_parser.flush(request)
                         if rest is not None:

@@ -17,9 +17,9 @@ from jaxlm.serve.protocol import (
     UsageInfo,
     random_uuid,
 )
-from jaxlm.serve.serving_engine import (
+from jaxlm.serve.serving_engine import OpenAIServing
+from jaxlm.serve.stream_utils import (
     ChoiceState,
-    OpenAIServing,
     add_prompt_logprobs,
     clamp_logprob,
     prompt_logprobs_json,
@@ -75,7 +75,9 @@ class OpenAIServingCompletion(OpenAIServing):
             # echo with max_tokens=0: one token is generated (the engine always samples) and dropped.
             max_tokens = self.resolve_max_tokens(len(ids), 1 if request.echo_only else request.max_tokens)
             params = self.build_params(request.to_sampling_params, max_tokens, structured_outputs)
-            generators.append(self.generate(ids, params, f"{request_id}-{i}", arrival_time, text))
+            generators.append(self.generate(ids, params, f"{request_id}-{i}", arrival_time, text,
+                                            priority=request.priority,
+                                            beam_search=self.beam_search_params(request, params), model=model))
         merged = merge_async_iterators(*generators)
         try:
             first = await anext(merged)
@@ -104,7 +106,7 @@ class OpenAIServingCompletion(OpenAIServing):
         choices = []
         completion_tokens = 0
         for p, (text, ids) in enumerate(prompts):
-            prompt_text = text if text is not None else self.tokenizer.decode(ids)
+            prompt_text = text if text is not None else self.decode(ids)
             for i in range(request.n):
                 st = states.get((p, i), ChoiceState())
                 if request.echo_only:
@@ -121,6 +123,7 @@ class OpenAIServingCompletion(OpenAIServing):
                         finish_reason=st.finish_reason,
                         stop_reason=st.stop_reason,
                         prompt_logprobs=prompt_logprobs_json(prompt_lps.get(p)),
+                        **request.token_ids_fields(st.token_ids, ids),
                     )
                 )
         prompt_tokens = sum(len(ids) for _, ids in prompts)
@@ -152,12 +155,14 @@ class OpenAIServingCompletion(OpenAIServing):
                     token_ids, lps, text = [], None, ""
                 completion_tokens += len(token_ids)
                 prefix_ids: list[int] = []
-                if index not in started:
+                first_chunk = index not in started
+                if first_chunk:
                     started.add(index)
                     if request.echo:
-                        text = (text_in if text_in is not None else self.tokenizer.decode(ids)) + text
+                        text = (text_in if text_in is not None else self.decode(ids)) + text
                         prefix_ids = ids
-                if not text and o.finish_reason is None and not (request.logprobs is not None and token_ids):
+                wants_ids = request.logprobs is not None or request.return_token_ids
+                if not text and o.finish_reason is None and not (wants_ids and token_ids):
                     continue
                 logprobs = None
                 if request.logprobs is not None:
@@ -170,6 +175,7 @@ class OpenAIServingCompletion(OpenAIServing):
                     index=index, text=text, logprobs=logprobs,
                     finish_reason="length" if request.echo_only else o.finish_reason,
                     stop_reason=None if request.echo_only else o.stop_reason,
+                    **request.token_ids_fields(token_ids, ids if first_chunk else None),
                 )
                 result.append(sse(CompletionStreamResponse(id=request_id, created=created, model=model, choices=[choice])))
             return result

@@ -1,53 +1,28 @@
 """OpenAIServing: what completions and chat share — model check, tokenization, length checks,
-metrics around the engine stream, logprob formatting, and merging several prompts' streams."""
+metrics around the engine stream, logprob entries (the response formatting is stream_utils')."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import json
 import logging
-import math
 import time
 from collections.abc import AsyncIterator
-from typing import Any, TypeVar
+from typing import Any
 
-from pydantic import BaseModel
 
 from jaxlm.engine.async_llm_engine import AsyncLLMEngine
 from jaxlm.engine.exceptions import QueueFullError
 from jaxlm.engine.input_processor import InvalidRequestError, ProcessedPrompt, PromptTooLongError
 from jaxlm.outputs import CompletionOutput, Logprob, RequestOutput, RequestStateStats
-from jaxlm.sampling_params import SamplingParams
-from jaxlm.serve.errors import OpenAIError, error_response, to_openai_error
+from jaxlm.sampling_params import BeamSearchParams, SamplingParams
+from jaxlm.serve.errors import OpenAIError
 from jaxlm.serve.metrics import ServerMetrics
-from jaxlm.serve.protocol import PromptLogprob, SamplingRequest
+from jaxlm.serve.protocol import SamplingRequest
+from jaxlm.serve.serving_models import ServingModels
 from jaxlm.serve.request_logger import RequestLogger
 from jaxlm.structured_output.params import StructuredOutputsParams
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
-
-# JSON has no -inf; OpenAI and vLLM report this instead.
-MIN_LOGPROB = -9999.0
-
-
-def clamp_logprob(value: float | None) -> float | None:
-    if value is None:
-        return None
-    return MIN_LOGPROB if (math.isinf(value) or math.isnan(value) or value < MIN_LOGPROB) else float(value)
-
-
-def sse(payload: BaseModel | str) -> str:
-    data = payload if isinstance(payload, str) else payload.model_dump_json(exclude_none=False)
-    return f"data: {data}\n\n"
-
-
-def sse_error(exc: BaseException) -> str:
-    """An error inside a stream (status already sent): one OpenAI error event, then [DONE]."""
-    err = to_openai_error(exc)
-    return sse(json.dumps(error_response(err.message, err.status, err.param).model_dump()))
-
 
 @dataclasses.dataclass
 class _SeqProgress:
@@ -59,25 +34,6 @@ class _SeqProgress:
     finished: bool = False
 
 
-@dataclasses.dataclass
-class ChoiceState:
-    """One completion's text/tokens/logprobs, accumulated from DELTA outputs."""
-
-    text: str = ""
-    token_ids: list[int] = dataclasses.field(default_factory=list)
-    logprobs: list[dict[int, Logprob]] | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-
-    def add(self, out: CompletionOutput) -> None:
-        self.text += out.text
-        self.token_ids.extend(out.token_ids)
-        if out.logprobs is not None:
-            self.logprobs = (self.logprobs or []) + list(out.logprobs)
-        if out.finish_reason is not None:
-            self.finish_reason, self.stop_reason = out.finish_reason, out.stop_reason
-
-
 class OpenAIServing:
     def __init__(
         self,
@@ -87,9 +43,12 @@ class OpenAIServing:
         metrics: ServerMetrics,
         chat_template: str | None = None,
         request_logger: RequestLogger | None = None,
+        models: ServingModels | None = None,
     ) -> None:
         self.engine = engine
         self.served_model_names = served_model_names
+        # The base model's names and the LoRA adapters (a request's model may name one).
+        self.models = models or ServingModels(engine, served_model_names, None, max_model_len)
         self.max_model_len = max_model_len
         self.metrics = metrics
         # The engine's --max-logprobs, checked before any per-logprob work (not a fixed cap here).
@@ -108,12 +67,8 @@ class OpenAIServing:
 
     # ------------------------------------------------------------ checks
     def check_model(self, model: str | None) -> str:
-        """The name to answer with; 404 for a model this server does not serve."""
-        if not model:
-            return self.served_model_names[0]
-        if model not in self.served_model_names:
-            raise OpenAIError(f"The model `{model}` does not exist.", 404, "model")
-        return model
+        """The name to answer with; 404 for a model or LoRA adapter this server does not serve."""
+        return self.models.check_model(model)
 
     def check_engine(self) -> None:
         if not self.engine.is_running:
@@ -130,6 +85,19 @@ class OpenAIServing:
             logger.warning("The following fields were present in the request but ignored: %s", ignored)
         if request.stream and request.prompt_logprobs is not None:
             raise OpenAIError("prompt_logprobs are not available when stream is enabled", 400, "prompt_logprobs")
+        if request.stream and request.use_beam_search:
+            raise OpenAIError("use_beam_search does not support streaming: its beams are ranked only at the "
+                              "end; send stream=false", 400, "stream")
+
+    def require_tokenizer(self, param: str | None, what: str) -> None:
+        """400 for what needs text when the server runs with --skip-tokenizer-init."""
+        if self.tokenizer is None:
+            raise OpenAIError(f"{what} needs a tokenizer, and this server runs with --skip-tokenizer-init: "
+                              "send token ids", 400, param)
+
+    def decode(self, ids: list[int]) -> str:
+        """Token ids -> text ("" without a tokenizer: --skip-tokenizer-init)."""
+        return self.tokenizer.decode(ids) if self.tokenizer is not None else ""
 
     def truncate(self, ids: list[int], truncate_prompt_tokens: int | None) -> list[int]:
         """The last N prompt tokens (-1: max_model_len), vLLM's truncate_prompt_tokens."""
@@ -163,10 +131,23 @@ class OpenAIServing:
         return ip.max_tokens_for(prompt_len, requested)
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        self.require_tokenizer("prompt", "a text prompt")
         try:
             return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
         except Exception as e:  # noqa: BLE001 - e.g. lone surrogates the tokenizer cannot take
             raise OpenAIError(f"the text cannot be tokenized: {e}", 400, "prompt") from e
+
+    def beam_search_params(self, request: SamplingRequest, params: SamplingParams) -> BeamSearchParams | None:
+        """use_beam_search: n beams over the request's resolved params (no output constraint)."""
+        if not request.use_beam_search:
+            return None
+        if params.structured_outputs is not None:
+            raise OpenAIError("use_beam_search does not support output constraints (response_format, "
+                              "structured_outputs, tool_choice)", 400, "use_beam_search")
+        try:
+            return request.beam_search_params(params)
+        except ValueError as e:
+            raise OpenAIError(str(e), 400, "length_penalty" if "length_penalty" in str(e) else "n") from e
 
     def build_params(self, make: Any, max_tokens: int,
                      structured_outputs: StructuredOutputsParams | None = None) -> SamplingParams:
@@ -187,21 +168,30 @@ class OpenAIServing:
     # ------------------------------------------------------------ generation
     async def generate(
         self, prompt_ids: list[int], params: SamplingParams, request_id: str, arrival_time: float,
-        prompt_text: str | None = None,
+        prompt_text: str | None = None, priority: int = 0, beam_search: BeamSearchParams | None = None,
+        model: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """engine.generate plus the request-level metrics (and log lines, --enable-log-requests);
         arrival_time (time.time()) is when the server got the request, before tokenization: TTFT
-        and e2e latency count from it. prompt_text: the client's text, when it sent one.
+        and e2e latency count from it. prompt_text: the client's text, when it sent one. With
+        beam_search, one final output with a completion per beam (AsyncLLMEngine.beam_search).
 
         prompt_ids have passed check_token_ids and resolve_max_tokens (the InputProcessor's
-        prompt checks), so the engine takes them as a ProcessedPrompt without checking again."""
+        prompt checks), so the engine takes them as a ProcessedPrompt without checking again.
+        model: the checked model name; a LoRA adapter's name runs the request with it."""
         seqs: dict[int, _SeqProgress] = {}
         rejected = False
         prompt = ProcessedPrompt(None, list(prompt_ids))
         if self.request_logger is not None:
             self.request_logger.log_inputs(request_id, prompt_text, prompt.prompt_token_ids, params)
+        lora_request = self.models.lora_request(model)
+        if beam_search is not None:
+            outputs = self._beam_search(prompt, request_id, beam_search, priority, lora_request)
+        else:
+            outputs = self.engine.generate(prompt, params, request_id, arrival_time=arrival_time, priority=priority,
+                                           lora_request=lora_request)
         try:
-            async for out in self.engine.generate(prompt, params, request_id, arrival_time=arrival_time):
+            async for out in outputs:
                 now = time.time()
                 for o in out.outputs:
                     seq = seqs.setdefault(o.index, _SeqProgress())
@@ -219,6 +209,17 @@ class OpenAIServing:
         finally:
             if not rejected:
                 self._observe_end(seqs, arrival_time, len(prompt_ids), params, request_id)
+
+    async def _beam_search(self, prompt: ProcessedPrompt, request_id: str, params: BeamSearchParams,
+                           priority: int, lora_request: Any = None) -> AsyncIterator[RequestOutput]:
+        self.input_processor.check_priority(priority)  # the beams' requests would each refuse it
+        try:
+            yield await self.engine.beam_search(prompt, request_id, params, priority=priority,
+                                                lora_request=lora_request)
+        except ValueError as e:
+            if isinstance(e, InvalidRequestError) or "beam_width" not in str(e):
+                raise
+            raise InvalidRequestError("n", str(e).replace("beam_width", "n")) from e
 
     def _observe_output(self, seq: "_SeqProgress", o: CompletionOutput, out: RequestOutput, now: float,
                         arrival_time: float, prompt_len: int, params: SamplingParams) -> None:
@@ -256,6 +257,7 @@ class OpenAIServing:
     def tokenizer_info(self) -> dict[str, Any]:
         """vLLM's /tokenizer_info: the tokenizer's class, config and chat template (what lm-eval's
         remote tokenizer reads: eos/bos/pad tokens, chat_template)."""
+        self.require_tokenizer(None, "/tokenizer_info")
         tok = self.tokenizer
         info: dict[str, Any] = {"tokenizer_class": type(tok).__name__}
         for key, value in getattr(tok, "init_kwargs", {}).items():
@@ -275,6 +277,8 @@ class OpenAIServing:
             return f"token_id:{token_id}"
         if lp is not None and lp.decoded_token is not None:
             return lp.decoded_token
+        if self.tokenizer is None:  # --skip-tokenizer-init
+            return f"token_id:{token_id}"
         return self.tokenizer.decode([token_id])
 
     def top_entries(self, position: dict[int, Logprob], limit: int | None) -> list[tuple[int, Logprob]]:
@@ -309,57 +313,3 @@ def _context_length_error(e: PromptTooLongError) -> OpenAIError:
         400,
         "prompt",
     )
-
-
-def add_prompt_logprobs(prompt_lps: dict[int, list], p: int, out: RequestOutput) -> None:
-    """DELTA outputs bring a prompt's logprobs chunk by chunk (one per prefill step): keep them
-    all. With n > 1 every sequence computes them; the first one's are kept."""
-    if out.prompt_logprobs is not None and all(o.index == 0 for o in out.outputs):
-        prompt_lps.setdefault(p, []).extend(out.prompt_logprobs)
-
-
-def prompt_logprobs_json(lps: list | None) -> list[dict[int, PromptLogprob] | None] | None:
-    if lps is None:
-        return None
-    return [None if pos is None else {t: PromptLogprob(logprob=clamp_logprob(lp.logprob), rank=lp.rank,
-                                                       decoded_token=lp.decoded_token) for t, lp in pos.items()}
-            for pos in lps]
-
-
-async def merge_async_iterators(*iterators: AsyncIterator[T]) -> AsyncIterator[tuple[int, T]]:
-    """Interleaves several async iterators; closing the merge cancels (and so aborts) the rest."""
-    if len(iterators) == 1:
-        try:
-            async for item in iterators[0]:
-                yield 0, item
-        finally:
-            await iterators[0].aclose()  # type: ignore[attr-defined]
-        return
-    queue: asyncio.Queue = asyncio.Queue()
-    done = object()
-
-    async def drain(i: int, it: AsyncIterator[T]) -> None:
-        try:
-            async for item in it:
-                await queue.put((i, item))
-            await queue.put((i, done))
-        except Exception as e:  # noqa: BLE001 - re-raised by the consumer
-            await queue.put((i, e))
-        finally:
-            await it.aclose()  # type: ignore[attr-defined]
-
-    tasks = [asyncio.ensure_future(drain(i, it)) for i, it in enumerate(iterators)]
-    try:
-        remaining = len(tasks)
-        while remaining:
-            i, item = await queue.get()
-            if item is done:
-                remaining -= 1
-            elif isinstance(item, Exception):
-                raise item
-            else:
-                yield i, item
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)

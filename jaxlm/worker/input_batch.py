@@ -181,10 +181,11 @@ class InputBatch:
         rows = np.fromiter(map(self.req_id_to_row.__getitem__, req_ids), np.int64, n)
         n_sched = np.fromiter(so.num_scheduled_tokens.values(), np.int32, n)
         start = self.num_computed_tokens[rows]
-        # Rows with cached context first: attention reads pages only for that leading prefix.
-        fresh = start == 0
-        if fresh.any() and not fresh.all():
-            order = np.argsort(fresh, kind="stable")
+        # One-token (decode) rows first: attention runs those leading rows as mat-vecs and
+        # tiles the rest (jaxlm/attention/xla_backend.py). No sort when already in that order.
+        multi = n_sched != 1
+        if multi.any() and not multi[int(multi.argmax()):].all():
+            order = np.argsort(multi, kind="stable")
             req_ids = list(map(req_ids.__getitem__, order.tolist()))
             rows, start, n_sched = rows[order], start[order], n_sched[order]
         R, T, bs = len(req_ids), int(n_sched.sum()), self.block_size

@@ -59,6 +59,8 @@ from jaxlm.config.speculative import max_sampled_rows
 from jaxlm.core.outputs import ModelRunnerOutput
 from jaxlm.core.sched_output import SchedulerOutput
 from jaxlm.executor.distributed import place_inputs
+from jaxlm.lora.layers import install_lora, set_lora_step
+from jaxlm.lora.slots import LoRASlotManager
 from jaxlm.sample.builder import SamplingInputBuilder
 from jaxlm.sample.metadata import SERVING_VARIANTS, HostArrays, SamplerVariant, unpack_metadata
 from jaxlm.sample.sampler import compute_prompt_logprobs, sample
@@ -92,9 +94,13 @@ class ModelRunner:
         hf_config = config.model_config.hf_config
         # From the model's own args: under tensor parallel they may hold replicated KV heads.
         self.kv_cache_spec = type(model).kv_cache_spec(model.args)
+        lora = config.lora_config
+        lora_targets = install_lora(model, lora.max_loras, lora.max_lora_rank, mesh) if lora.enable_lora else None
         self.graphdef, self.params = nnx.split(model)
         # Flattened once: the programs take the leaves as a flat list (see the module docstring).
         self._param_leaves, self._param_treedef = jax.tree.flatten(self.params)
+        # LoRA: adapter slots on the device, a slot index per token (jaxlm/lora/slots.py).
+        self.lora = LoRASlotManager(model, lora_targets, lora, self._param_leaves) if lora_targets else None
         self.kernel_constraints = kernel_constraints(model, self.block_size, self.kv_cache_spec.head_dim)
         c = self.kernel_constraints
         comp = config.compilation_config
@@ -119,7 +125,8 @@ class ModelRunner:
                        page_multiple=c.page_multiple if c else 1),
             SamplingInputBuilder(self.vocab_size, sched.max_model_len, engine_seed=config.model_config.seed,
                                  max_logprobs=config.model_config.max_logprobs, variants=SERVING_VARIANTS,
-                                 speculative=spec is not None))
+                                 speculative=spec is not None),
+            self.lora)
         self.kv_caches: list[jax.Array] | None = None
         self._body: dict[tuple[int, str], Any] = {}
         self._sample: dict[tuple[int, SamplerVariant], Any] = {}
@@ -179,6 +186,8 @@ class ModelRunner:
     def _step_shapes(self, T: int, kind: str) -> dict[str, tuple[int, ...]]:
         """Shapes of the body's packed inputs for token bucket T (input_batch.STEP_FIELDS)."""
         shapes = self.input_batch.step_shapes(T, self._rows_for(T), self.sample_capacity)
+        if self.lora is not None:
+            shapes["lora_slots"] = (T,)
         if kind == PROMPT_LOGPROBS:
             shapes["next_token_ids"] = (T,)
         return shapes
@@ -195,6 +204,8 @@ class ModelRunner:
             # max_query_len is static: a kernel backend traces its decode kernel for DECODE.
             md = AttentionMetadata(**{f: x[f] for f in MD_FIELDS}, max_query_len=1 if kind == DECODE else None)
             model = nnx.merge(graphdef, params)
+            if "lora_slots" in x:
+                set_lora_step(model, x["lora_slots"])
             hidden, kv_caches = model(x["input_ids"], md.positions, kv_caches, md)
             selected = hidden[x["logits_indices"]]
             if replicated is not None:
@@ -311,7 +322,7 @@ class ModelRunner:
         sampling = self._sampling_inputs(inputs)  # before the body: nothing between the dispatches
         if timer:
             timer.lap("prepare")
-        body_in, md_in = self._device_inputs(inputs, kind, sampling)
+        body_in, md_in = self._device_inputs(inputs, kind, sampling, self._lora_inputs(inputs, T))
         if timer:
             timer.lap("transfer")
         outs = self._body[(T, kind)](self._param_leaves, self.kv_caches, body_in, self._last_tokens)
@@ -351,16 +362,25 @@ class ModelRunner:
             timer.lap("dispatch")
         return out, placed
 
-    def _device_inputs(self, x: StepInputs, kind: str,
-                       host_md: HostArrays | None) -> tuple[Any, Any]:
-        """The body's int32 inputs in one buffer and, unless the step is constrained (its mask
-        is filled later), the sampler's. Host buffers, given to the compiled programs as they
-        are: the executable's C++ call path copies them to the device (measured on CPU: 7 us
-        per call against ~50 us for a jax.device_put of both first)."""
-        packed = x.packed
+    def _device_inputs(self, x: StepInputs, kind: str, host_md: HostArrays | None,
+                       extra: list[np.ndarray] = ()) -> tuple[Any, Any]:
+        """The body's int32 inputs in one buffer (``extra``: the LoRA token slots) and, unless
+        the step is constrained (its mask is filled later), the sampler's. Host buffers, given to
+        the compiled programs as they are: the executable's C++ call path copies them to the
+        device (measured on CPU: 7 us per call against ~50 us for a jax.device_put of both first)."""
+        parts = [x.packed, *extra]
         if kind == PROMPT_LOGPROBS:
-            packed = np.concatenate([packed, self.input_batch.next_token_ids(x)])
+            parts.append(self.input_batch.next_token_ids(x))
+        packed = parts[0] if len(parts) == 1 else np.concatenate(parts)
         return self._place(packed), self._sampler_input(host_md)
+
+    def _lora_inputs(self, x: StepInputs, T: int) -> list[np.ndarray]:
+        """[the adapter slot of each token], the step's adapters loaded into slots first; [] without LoRA."""
+        if self.lora is None:
+            return []
+        slots, failed = self.lora.token_slots(x.req_ids, x.token_to_req, x.num_tokens, T)
+        self.states.fail(failed)
+        return [slots]
 
     def _sampler_input(self, host_md: HostArrays | None) -> Any:
         """The sampler's packed metadata, or None when there is none yet (no sampled row, or a

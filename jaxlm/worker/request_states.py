@@ -23,9 +23,10 @@ logger = logging.getLogger(__name__)
 
 
 class RequestStates:
-    def __init__(self, input_batch: InputBatch, sampling: SamplingInputBuilder) -> None:
+    def __init__(self, input_batch: InputBatch, sampling: SamplingInputBuilder, lora: Any = None) -> None:
         self.input_batch = input_batch
         self.sampling = sampling
+        self.lora = lora  # the LoRASlotManager (jaxlm/lora/slots.py), when adapters are served
         self.prompt_logprobs = PromptLogprobsTracker()
         # Its manager is set by the engine before the first constrained request.
         self.grammars = GrammarRows()
@@ -36,6 +37,8 @@ class RequestStates:
         """Apply the scheduler's view: drop what finished or was preempted, add what is new."""
         for req_id in self.input_batch.update_states(so):  # finished or preempted
             self.sampling.remove_request(req_id)
+            if self.lora is not None:
+                self.lora.remove_request(req_id)
         for req_id in so.finished_req_ids:
             # Only a finish forgets what was delivered: a preempted request resumes from there.
             self.prompt_logprobs.finish_request(req_id)
@@ -43,6 +46,8 @@ class RequestStates:
         for new in so.scheduled_new_reqs:
             self.sampling.remove_request(new.req_id)
             self._add_sampling_request(new)
+            if self.lora is not None and (error := self.lora.add_request(new.req_id, new.lora_request)):
+                self._failed[new.req_id] = error  # its adapter cannot be read: it fails alone
             if new.sampling_params.structured_outputs is not None:
                 self.grammars.add_request(new.req_id, new.sampling_params.structured_outputs, new.output_token_ids)
             if new.sampling_params.prompt_logprobs is not None:
@@ -59,6 +64,10 @@ class RequestStates:
             self._failed[new.req_id] = f"{type(e).__name__}: {e}"
             # A neutral greedy stand-in keeps the batch's shapes; its token is never used.
             self.sampling.add_request(new.req_id, SamplingParams(temperature=0.0, max_tokens=1), (), ())
+
+    def fail(self, errors: dict[str, str]) -> None:
+        """Requests that fail alone (req_id -> why), reported with the step's output."""
+        self._failed.update(errors)
 
     def take_failed(self, req_ids: list[str]) -> dict[str, str]:
         """The failures of these requests not reported yet (each is reported once)."""

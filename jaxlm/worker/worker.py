@@ -36,7 +36,8 @@ class Worker:
         backend = shard_attention_backend(get_attention_backend(self.config.attention_backend), head_mesh)
         self.dtype = get_jax_dtype(self.config.model_config)
         model = get_model(
-            self.config.model_config, self.config.load_config, attn_backend=backend, mesh=self.mesh
+            self.config.model_config, self.config.load_config, attn_backend=backend, mesh=self.mesh,
+            enable_expert_parallel=self.config.parallel_config.enable_expert_parallel,
         )
         if self.config.speculative_config is not None:  # the verify step's runner, the draft model
             from jaxlm.spec_decode.setup import build_spec_runner

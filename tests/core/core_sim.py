@@ -181,6 +181,7 @@ def make_scheduler(
     max_num_batched_tokens: int = 64,
     max_model_len: int = 256,
     enable_prefix_caching: bool = True,
+    scheduling_policy: str = "fcfs",
 ) -> Scheduler:
     cache = CacheConfig(block_size=block_size, enable_prefix_caching=enable_prefix_caching)
     cache.num_gpu_blocks = num_blocks
@@ -188,6 +189,7 @@ def make_scheduler(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,
         max_model_len=max_model_len,
+        scheduling_policy=scheduling_policy,
     )
     return Scheduler(sched_cfg, cache)
 

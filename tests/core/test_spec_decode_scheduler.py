@@ -74,13 +74,14 @@ class SpecFakeRunner(FakeRunner):
 
 
 def _scheduler(k: int, num_blocks: int, budget: int, *, cls=Scheduler, disable_by_batch_size=None,
-               max_model_len: int = 256, method: str = "ngram") -> Scheduler:
+               max_model_len: int = 256, method: str = "ngram", policy: str = "fcfs") -> Scheduler:
     cache = CacheConfig(block_size=4, enable_prefix_caching=True)
     cache.num_gpu_blocks = num_blocks
-    sched = SchedulerConfig(max_num_seqs=6, max_num_batched_tokens=budget, max_model_len=max_model_len)
+    sched = SchedulerConfig(max_num_seqs=6, max_num_batched_tokens=budget, max_model_len=max_model_len,
+                            scheduling_policy=policy)
     spec = SpeculativeConfig(method=method, num_speculative_tokens=k, model="m" if method == "draft_model" else None,
                              disable_by_batch_size=disable_by_batch_size)
-    return cls(sched, cache, spec)
+    return cls(sched, cache, speculative_config=spec)
 
 
 def _requests(eos_from: dict[str, int] | None = None):
@@ -152,6 +153,26 @@ def test_eos_and_max_tokens_inside_an_accepted_run():
     # Drafts past max_tokens are never even scheduled: "m" computes its prompt and 7 outputs, no more.
     assert sum(so.num_scheduled_tokens.get("m", 0) for so in result.steps) == len(prompt) + 8 - 1
     assert any(len(so.scheduled_spec_decode_tokens.get("m", [])) == 4 for so in result.steps)
+    assert_no_leak(sched)
+
+
+def test_priority_preemption_of_a_request_already_scheduled(monkeypatch):
+    """Under --scheduling-policy priority the victim may be a request scheduled earlier in the
+    same step: its drafts leave the step with its tokens."""
+    from jaxlm.core import scheduler as scheduler_module
+
+    undone = []
+    unschedule = scheduler_module._unschedule
+    monkeypatch.setattr(scheduler_module, "_unschedule", lambda rid, *a: undone.append(rid) or unschedule(rid, *a))
+    sched = _scheduler(3, 22, 64, policy="priority")
+    reqs = _requests()
+    for i, r in enumerate(reqs):  # the earliest admitted are the worst: victims scheduled before
+        r.priority = len(reqs) - i
+    result = run_engine(sched, SpecFakeRunner(4, 3), {0: reqs[:3], 3: reqs[3:]})
+    assert result.outputs == _reference(22, 64)
+    assert undone and sched.num_preemptions > 0
+    for so in result.steps:
+        assert set(so.scheduled_spec_decode_tokens) <= set(so.num_scheduled_tokens)
     assert_no_leak(sched)
 
 

@@ -164,3 +164,13 @@ def test_compilation_cache_dir_under_the_one_cache_root(monkeypatch, tmp_path):
     monkeypatch.delenv("JAXLM_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert c.jaxlm_cache_root() == str(tmp_path / "xdg" / "jaxlm")
+
+
+def test_enable_expert_parallel_flag(caplog):
+    assert _config("-tp", "4", "--enable-expert-parallel").parallel_config.enable_expert_parallel is True
+    assert _config().parallel_config.enable_expert_parallel is False
+    with pytest.raises(ValueError, match="enable_expert_parallel"):
+        c.ParallelConfig(enable_expert_parallel="yes")
+    with caplog.at_level("WARNING"):  # EP does not span -dp cores: said, not silently ignored
+        c.ParallelConfig(enable_expert_parallel=True, data_parallel_size=2)
+    assert "not across the 2 -dp cores" in caplog.text

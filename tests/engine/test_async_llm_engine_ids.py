@@ -71,7 +71,7 @@ def test_reused_id_while_abort_is_queued_sees_none_of_the_old_tokens(engine):
                 if len(engine._commands) == 2:
                     break
         with engine._cv:
-            assert [type(c).__name__ for c in engine._commands] == ["_Abort", "_Add"]
+            assert [type(c).__name__ for c in engine._commands] == ["AbortCommand", "AddCommand"]
         fake.gated = False
         fake.permit.release()  # step 2 returns the old request's token, then abort, then add
         outputs = [await new_first] + [o async for o in new]

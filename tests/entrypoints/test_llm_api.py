@@ -195,3 +195,19 @@ def test_chat_passes_tools_to_the_template_and_takes_a_constraint(llm):
                      chat_template=template, tools=tools)
     assert llm.get_tokenizer().decode(out.prompt_token_ids) == "[get_weather]Weather?"
     assert out.outputs[0].text in ("sunny", "rain") and out.outputs[0].finish_reason == "stop"
+
+
+def test_priority_needs_the_priority_policy(llm):
+    with pytest.raises(ValueError, match="priority=1 needs --scheduling-policy priority"):
+        llm.generate(["a", "b"], SamplingParams(max_tokens=2), priority=[0, 1], use_tqdm=False)
+    assert not llm.llm_engine.has_unfinished_requests()
+    [out] = llm.generate(["a"], SamplingParams(max_tokens=2, ignore_eos=True), priority=[0], use_tqdm=False)
+    assert len(out.outputs[0].token_ids) == 2
+
+
+def test_lora_request_needs_enable_lora(llm):
+    from jaxlm import LoRARequest
+
+    with pytest.raises(ValueError, match="LoRA adapters are not enabled: start the engine with enable_lora=True"):
+        llm.generate("a", SamplingParams(max_tokens=2), lora_request=LoRARequest("x", 1, "/nowhere"))
+    assert not llm.llm_engine.has_unfinished_requests()

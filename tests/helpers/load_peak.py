@@ -6,6 +6,7 @@ On CPU the devices' buffers are host memory too, so a loader that streams each t
 sharding peaks near 1x the model's bytes (the shards themselves), and one that reads the whole
 checkpoint first and then places it peaks near 2x. The same process measures that naive path
 afterwards as the control: it shows the measurement can tell the two apart.
+``python -m tests.helpers.load_peak DIR TP qwen3_moe ep``: an MoE model, expert parallel.
 """
 
 from __future__ import annotations
@@ -66,17 +67,25 @@ class PeakWatch:
         return self.peak - self.base
 
 
-def main(work_dir: str, tp: int) -> None:
-    # ~62 MiB of float32 weights; 2 KV heads, so TP=4 replicates them on load.
-    path = tm.make_tiny_model("llama", os.path.join(work_dir, "model"), hidden_size=512, intermediate_size=1536,
-                              num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2, vocab_size=4096)
+# ~62 MiB of float32 weights each; 2 KV heads, so TP=4 replicates them on load. The MoE model's
+# experts (8 x 3 x 512 x 256 a layer) are stacked on the device as they stream in.
+MODELS = {
+    "llama": dict(intermediate_size=1536),
+    "qwen3_moe": dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256, intermediate_size=1536,
+                      head_dim=64, mlp_only_layers=[]),
+}
+
+
+def main(work_dir: str, tp: int, family: str = "llama", expert_parallel: bool = False) -> None:
+    path = tm.make_tiny_model(family, os.path.join(work_dir, "model"), hidden_size=512, num_hidden_layers=4,
+                              num_attention_heads=8, num_key_value_heads=2, vocab_size=4096, **MODELS[family])
     files = [os.path.join(path, f) for f in os.listdir(path) if f.endswith(".safetensors")]
     model_bytes = sum(os.path.getsize(f) for f in files)
     mc = resolve_model_config(ModelConfig(model=path), LoadConfig())
     mesh = make_mesh(tp)
     backend = shard_attention_backend(get_attention_backend("xla"), mesh)
     with PeakWatch() as streamed:
-        model = get_model(mc, LoadConfig(), attn_backend=backend, mesh=mesh)
+        model = get_model(mc, LoadConfig(), attn_backend=backend, mesh=mesh, enable_expert_parallel=expert_parallel)
     with PeakWatch() as naive:  # the control: the whole checkpoint on the host, then placed
         host = {name: arr for f in files for name, arr in iterate_safetensors_file(f)}
         split, whole = NamedSharding(mesh, PartitionSpec(None, "model")), NamedSharding(mesh, PartitionSpec())
@@ -88,4 +97,4 @@ def main(work_dir: str, tp: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]))
+    main(sys.argv[1], int(sys.argv[2]), *sys.argv[3:4], *(a == "ep" for a in sys.argv[4:5]))

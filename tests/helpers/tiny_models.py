@@ -95,9 +95,28 @@ _DENSE_FAMILIES: dict[str, tuple[type, dict[str, Any]]] = {
 }
 
 
+# MoE families with awkward shapes: odd expert counts, top-k > 2, dense layers between sparse
+# ones, a shared expert, q/k norms of both kinds.
+_TINY_MOE: dict[str, tuple[type, dict[str, Any]]] = {
+    "mixtral": (transformers.MixtralConfig, dict(num_local_experts=5, num_experts_per_tok=3, intermediate_size=32)),
+    "qwen2_moe": (transformers.Qwen2MoeConfig, dict(
+        num_experts=7, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+        num_hidden_layers=3, decoder_sparse_step=2, mlp_only_layers=[], norm_topk_prob=False)),
+    "qwen3_moe": (transformers.Qwen3MoeConfig, dict(
+        num_experts=9, num_experts_per_tok=4, moe_intermediate_size=32, head_dim=32, num_hidden_layers=3,
+        mlp_only_layers=[1], norm_topk_prob=True)),
+    "olmoe": (transformers.OlmoeConfig, dict(num_experts=6, num_experts_per_tok=3, intermediate_size=32,
+                                             clip_qkv=2.0)),
+}
+
+
 def tiny_config(family: str, **overrides: Any) -> transformers.PretrainedConfig:
-    """The tiny HF config of a family ('llama', 'mistral', 'qwen2', 'qwen3', 'opt', 'gpt2', and
-    the dense families of _DENSE_FAMILIES: 'gemma3', 'phi3', 'smollm3', 'granite')."""
+    """The tiny HF config of a family ('llama', 'mistral', 'qwen2', 'qwen3', 'opt', 'gpt2', the
+    dense families of _DENSE_FAMILIES: 'gemma3', 'phi3', 'smollm3', 'granite', and the MoE families
+    of _TINY_MOE: 'mixtral', 'qwen2_moe', 'qwen3_moe', 'olmoe')."""
+    if family in _TINY_MOE:
+        cls, moe = _TINY_MOE[family]
+        return cls(**{**_TINY_COMMON, "rms_norm_eps": 1e-6, **copy.deepcopy(moe), **overrides})
     if family in ("llama", "mistral", "qwen2", "qwen3"):
         kw = dict(_TINY_COMMON, rms_norm_eps=1e-6)
         if family == "mistral":

@@ -76,3 +76,15 @@ def test_bucket_sizes_lower(T, decode):
     assert (c.num_splits(tiles, 8, P) > 1) == (T <= 16)
     fn = functools.partial(PallasBackend(), scale=0.1, max_query_len=1 if decode else None)
     export_cuda(fn, *_specs(T, R, P, 32, 8, 128, 16, jnp.bfloat16))
+
+
+def test_long_context_ragged_config_lowers():
+    # The static configuration of test_kernels' 2,000-token / prefix-hit case, for CUDA.
+    from kernels_pallas.ragged_paged import ragged_paged_attention
+
+    T, R, P, bs, d = 2101, 6, 64, 32, 16
+    fn = functools.partial(ragged_paged_attention, scale=0.25, pages_per_compute_block=2, block_q=32, num_splits=2)
+    i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
+    exp = export_cuda(fn, jax.ShapeDtypeStruct((T, 4, d), jnp.float32),
+                      jax.ShapeDtypeStruct((2, 70, bs, 1, d), jnp.float32), i32(R, P), i32(R), i32(R + 1))
+    assert sum(exp.mlir_module().count(t) for t in TRITON_TARGETS) == 1

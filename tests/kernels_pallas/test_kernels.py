@@ -98,3 +98,35 @@ def test_ragged_layout_positions():
     rows, kv_lens = ragged_token_layout(jnp.asarray([3, 0]), jnp.asarray([0, 2, 3]), 5)
     assert rows.tolist()[:3] == [0, 0, 1]
     assert kv_lens.tolist() == [4, 5, 1, 0, 0]
+
+
+def test_ragged_long_context_in_chunks_and_prefix_hit_suffix():
+    """A 2,000-token prompt computed in four uneven chunks (each chunk a row whose context is
+    every earlier chunk, read back from the pages), a short suffix after a 1,408-token prefix
+    hit, and a decode row, in one call: the same per-request tiles over long cached contexts,
+    tiles and key blocks crossing chunk and page edges. Split-K on, as a small bucket has it."""
+    bs, d, hq, hkv = 32, 16, 4, 1
+    rng = np.random.default_rng(29)
+    seqs = [2000, 1408 + 100, 731]
+    pages = -(-max(seqs) // bs) + 1
+    cache, tables = paged_cache(rng, seqs, bs, hkv, d, f32, pages)
+    chunks = [(0, 700), (700, 300), (1000, 513), (1513, 487)]
+    rows = [(0, c, n) for c, n in chunks] + [(1, 1408, 100), (2, 730, 1)]
+    tables = tables[jnp.asarray([s for s, _, _ in rows])]
+    ctx = jnp.asarray([c for _, c, _ in rows], jnp.int32)
+    qsl = jnp.asarray(np.concatenate([[0], np.cumsum([n for _, _, n in rows])]), jnp.int32)
+    T = int(qsl[-1])
+    q = jnp.asarray(rng.standard_normal((T, hq, d)), f32)
+    kw = dict(scale=d ** -0.5, sliding_window=None, logits_soft_cap=None)
+    out = ragged_paged_attention(q, cache, tables, ctx, qsl, pages_per_compute_block=2,
+                                 block_q=32, num_splits=2, interpret=True, **kw)
+    # The reference gathers every key of every token: run it on pieces of <= 256 tokens of one
+    # row, all of one shape (the piece's tail past its row is padding and comes back zero).
+    qp = jnp.pad(q, ((0, 256), (0, 0), (0, 0)))
+    for r, (_, c, n) in enumerate(rows):
+        for s in range(0, n, 256):
+            m, t0 = min(256, n - s), int(qsl[r]) + s
+            ref = ragged_paged_reference(qp[t0:t0 + 256], cache, tables[r:r + 1],
+                                         jnp.asarray([c + s], jnp.int32),
+                                         jnp.asarray([0, m], jnp.int32), **kw)
+            assert_close(out[t0:t0 + m], ref[:m], f32, f"row {r} tokens {s}:{s + m}")

@@ -20,11 +20,22 @@ _LAYER = {
 }
 _GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
            "lm_head.weight": "output.weight"}
+# Mixture of experts: the router, the shared expert, q/k norms; experts are stacked per layer.
+_LAYER.update({
+    "mlp.gate": "ffn_gate_inp", "block_sparse_moe.gate": "ffn_gate_inp",
+    "mlp.shared_expert_gate": "ffn_gate_inp_shexp", "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+    "mlp.shared_expert.up_proj": "ffn_up_shexp", "mlp.shared_expert.down_proj": "ffn_down_shexp",
+    "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+})
+_EXPERT = re.compile(r"model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\.weight$")
+_PART = {"w1": "gate", "w3": "up", "w2": "down", "gate_proj": "gate", "up_proj": "up", "down_proj": "down"}
 
 
 def gguf_name(hf: str) -> str:
     if hf in _GLOBAL:
         return _GLOBAL[hf]
+    if hf.startswith("blk."):
+        return hf  # already stacked experts
     m = re.match(r"model\.layers\.(\d+)\.(.+)\.(weight|bias)$", hf)
     return f"blk.{m.group(1)}.{_LAYER[m.group(2)]}.{m.group(3)}"
 
@@ -65,13 +76,31 @@ def write_gguf(hf_dir: str, out: str, cfg, quant: gguf.GGMLQuantizationType = gg
     w.add_token_types([1] * cfg.vocab_size)
     w.add_bos_token_id(cfg.bos_token_id)
     w.add_eos_token_id(cfg.eos_token_id)
+    tensors = hf_tensors(hf_dir)
+    experts = getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", None)
+    if experts:
+        tensors = _stack_experts(tensors, experts)
+        w.add_expert_count(experts)
+        w.add_expert_used_count(cfg.num_experts_per_tok)
+        if hasattr(cfg, "moe_intermediate_size"):
+            w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+            w.add_expert_weights_norm(bool(cfg.norm_topk_prob))
+        if getattr(cfg, "shared_expert_intermediate_size", 0):
+            w.add_expert_shared_feed_forward_length(cfg.shared_expert_intermediate_size)
+        if getattr(cfg, "head_dim", None):
+            w.add_key_length(cfg.head_dim)
+            w.add_value_length(cfg.head_dim)
     ref: dict[str, np.ndarray] = {}
-    for name, arr in hf_tensors(hf_dir).items():
+    for name, arr in tensors.items():
         arr = arr.astype(np.float32)
+        if name.endswith("shared_expert_gate.weight"):
+            arr = arr.reshape(-1)  # llama.cpp keeps it as a vector
         perm = arch == "llama" and (".q_proj." in name or ".k_proj." in name)
         heads = cfg.num_attention_heads if ".q_proj." in name else cfg.num_key_value_heads
         stored = permute(arr, heads) if perm else arr
-        if arr.ndim == 2 and quant != gguf.GGMLQuantizationType.F32:
+        block = gguf.GGML_QUANT_SIZES[quant][0]
+        # Rows that are not whole blocks stay F32, as llama.cpp's converter falls back.
+        if arr.ndim >= 2 and quant != gguf.GGMLQuantizationType.F32 and stored.shape[-1] % block == 0:
             q = gguf.quants.quantize(stored, quant)
             w.add_tensor(gguf_name(name), q, raw_shape=q.shape, raw_dtype=quant)
             deq = gguf.quants.dequantize(q, quant).reshape(stored.shape).astype(np.float32)
@@ -87,3 +116,18 @@ def write_gguf(hf_dir: str, out: str, cfg, quant: gguf.GGMLQuantizationType = gg
     w.close()
     assert os.path.getsize(out) > 0
     return ref
+
+
+def _stack_experts(tensors: dict[str, np.ndarray], num_experts: int) -> dict[str, np.ndarray]:
+    """HF's per-expert tensors -> llama.cpp's ``blk.N.ffn_{gate,up,down}_exps.weight`` [E, out, in]."""
+    out: dict[str, np.ndarray] = {}
+    stacks: dict[str, list] = {}
+    for name, arr in tensors.items():
+        m = _EXPERT.match(name)
+        if m is None:
+            out[name] = arr
+            continue
+        key = f"blk.{m.group(1)}.ffn_{_PART[m.group(3)]}_exps.weight"
+        stacks.setdefault(key, [None] * num_experts)[int(m.group(2))] = arr
+    out.update({k: np.stack(v) for k, v in stacks.items()})
+    return out

@@ -65,6 +65,7 @@ class FakeLLMEngine:
             max_num_queued_reqs=max_num_queued_reqs,
         ).create_engine_config()
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        self.eos_token_id = self.tokenizer.eos_token_id  # as LLMEngine (beam search reads it)
         self.cycle = self.tokenizer.encode(SENTENCE, add_special_tokens=False)
         self.step_delay = step_delay
         self.max_num_seqs = max_num_seqs
@@ -95,8 +96,12 @@ class FakeLLMEngine:
         return {}
 
     def add_request(self, request_id: str, prompt: Any, params: SamplingParams,
-                    arrival_time: float | None = None, *, internal_request_id: str | None = None) -> str:
+                    arrival_time: float | None = None, *, internal_request_id: str | None = None,
+                    priority: int = 0, lora_request: Any = None) -> str:
+        if lora_request is not None:
+            raise ValueError("the fake engine serves no LoRA adapters")
         self.input_processor.check_request_id(request_id)
+        self.input_processor.check_priority(priority)  # fcfs: only 0 passes
         internal_id = internal_request_id or make_internal_request_id(request_id, next(self._serial))
         processed = self.input_processor.process_prompt(prompt)
         prompt, ids = processed.prompt, processed.prompt_token_ids

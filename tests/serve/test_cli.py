@@ -30,6 +30,13 @@ def test_help_lists_server_and_engine_flags():
                  "--gpu-memory-utilization", "--tensor-parallel-size", "--max-num-queued-reqs", "--seed",
                  "--attention-backend", "--dtype"):
         assert flag in out.stdout, flag
+    # Each config's group shows its flags with their defaults.
+    text = " ".join(out.stdout.split())
+    model_group, scheduler_group = text.index("ModelConfig:"), text.index("SchedulerConfig:")
+    assert model_group < text.index("--skip-tokenizer-init, --no-skip-tokenizer-init load no tokenizer") < scheduler_group
+    assert "are refused (default: False)" in text
+    assert scheduler_group < text.index("--scheduling-policy {fcfs,priority} waiting-queue order")
+    assert "preemption takes the worst) (default: fcfs)" in text
 
 
 def test_serve_tiny_model_then_sigterm_drains_and_exits_0(tmp_path, tiny_llama):

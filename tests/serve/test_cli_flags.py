@@ -50,6 +50,7 @@ FLAG_TESTS = {
     "--model": "tests/serve/test_cli.py::test_serve_tiny_model_then_sigterm_drains_and_exits_0",
     "--tokenizer": "tests/model_loader/test_loader_resolve.py::test_tokenizer_from_directory",
     "--revision": "tests/model_loader/test_loader_hf_cache.py::test_explicit_revision",
+    "--skip-tokenizer-init": "tests/serve/test_serving_priority_dp.py::test_text_needs_a_tokenizer",
     # Accepted for vLLM scripts; jaxlm never runs a model's code (the test: accepted, no effect).
     "--trust-remote-code": "tests/entrypoints/test_llm_args.py::test_engine_fields_are_accepted",
     "--dtype": "tests/model_loader/test_loader_safetensors.py::test_bf16_checkpoint_and_dtype_placement",
@@ -74,10 +75,12 @@ FLAG_TESTS = {
     "--max-num-batched-tokens": "tests/serve/test_compat.py::test_echo_logprobs_keep_every_prompt_position_over_a_multi_step_prefill",
     "--max-num-queued-reqs": "tests/serve/test_hostile.py::test_hostile_cases_get_clean_4xx_and_leave_the_server_healthy",
     "--async-scheduling": "tests/engine/test_async_scheduling.py::test_driver_is_used_only_when_asked",
+    "--scheduling-policy": "tests/serve/test_serving_priority_dp.py::test_priority_orders_each_core_across_the_process_boundary",
     # ParallelConfig
     "--tensor-parallel-size": "tests/executor/test_mesh_executor.py::test_each_device_holds_only_its_shard",
     "--pipeline-parallel-size": "tests/executor/test_pipeline_parallel.py::test_each_stage_holds_only_its_layers",
     "--data-parallel-size": "tests/serve/test_engine_core_proc.py::test_dp2_engine_labels_idle_gauges_and_log_flags",
+    "--enable-expert-parallel": "tests/models/test_moe_parallel.py::test_each_device_holds_its_experts",
     "--nnodes": "tests/executor/test_multihost_executor.py::test_two_processes_give_the_tokens_of_one",
     "--node-rank": "tests/executor/test_multihost_executor.py::test_two_processes_give_the_tokens_of_one",
     "--master-addr": "tests/executor/test_executor.py::test_master_addr_and_port_are_the_coordinator",
@@ -94,6 +97,12 @@ FLAG_TESTS = {
     "--disable-log-stats": "tests/serve/test_engine_core_proc.py::test_dp2_engine_labels_idle_gauges_and_log_flags",
     "--enable-log-requests": "tests/serve/test_inproc_server.py::test_enable_log_requests_logs_arrivals_cut_to_max_log_len_and_aborts",
     "--max-log-len": "tests/serve/test_inproc_server.py::test_enable_log_requests_logs_arrivals_cut_to_max_log_len_and_aborts",
+    # LoRAConfig and the server's adapters
+    "--enable-lora": "tests/serve/test_lora_server.py::test_load_needs_enable_lora",
+    "--max-loras": "tests/lora/test_lora_llm.py::test_mixed_adapters_match_peft",
+    "--max-lora-rank": "tests/serve/test_lora_server.py::test_bad_adapters_are_400s_that_change_nothing",
+    "--max-cpu-loras": "tests/lora/test_lora_llm.py::test_mixed_adapters_match_peft",
+    "--lora-modules": "tests/serve/test_lora_server.py::test_models_list_adapters_with_parent",
     # EngineConfig
     "--attention-backend": "tests/attention/test_backend_e2e.py::test_pallas_equals_xla_and_decode_steps_run_the_decode_kernel",
     "--speculative-config": "tests/spec_decode/test_spec_server.py::test_completions_and_metrics",

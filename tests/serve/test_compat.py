@@ -183,7 +183,6 @@ _UNSUPPORTED = [
     ("functions", [{"name": "f"}]),
     ("function_call", {"name": "f"}),
     ("best_of", 3),
-    ("use_beam_search", True),
     ("logits_processors", ["x.Y"]),
     ("prompt_embeds", "AAAA"),
     ("cache_salt", "s"),

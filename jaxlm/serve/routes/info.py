@@ -8,7 +8,7 @@ from fastapi.responses import JSONResponse, Response
 import jaxlm
 from jaxlm.serve.errors import error_json
 from jaxlm.serve.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from jaxlm.serve.protocol import ModelCard, ModelList
+from jaxlm.serve.protocol import ModelList
 
 router = APIRouter()
 
@@ -40,7 +40,5 @@ async def tokenizer_info(raw: Request) -> JSONResponse:
 
 @router.get("/v1/models")
 async def models(raw: Request) -> JSONResponse:
-    state = raw.app.state
-    cards = [ModelCard(id=name, root=state.model_path, max_model_len=state.max_model_len)
-             for name in state.served_model_names]
-    return JSONResponse(ModelList(data=cards).model_dump())
+    # The base model's names, then each LoRA adapter with parent = its base model.
+    return JSONResponse(ModelList(data=raw.app.state.models.model_cards()).model_dump())

@@ -33,5 +33,6 @@ async def detokenize(request: DetokenizeRequest, raw: Request) -> JSONResponse:
     chat: OpenAIServingChat = raw.app.state.serving_chat
     chat.check_model(request.model)
     chat.check_token_ids(request.tokens)
+    chat.require_tokenizer("tokens", "/detokenize")
     text = await asyncio.to_thread(chat.tokenizer.decode, request.tokens)
     return JSONResponse(DetokenizeResponse(prompt=text).model_dump())

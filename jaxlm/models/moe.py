@@ -1,0 +1,179 @@
+"""The mixture-of-experts block (vLLM's ``FusedMoE``), shared by every MoE family.
+
+One block, configured per family by ``MoEArgs``: a float32 router (softmax, top-k, optional
+renormalisation), the experts stacked into ``[num_experts, ...]`` Params, and an optional shared
+expert with a sigmoid gate (Qwen2-MoE). The math lives in ``moe_ops``.
+
+Placement over the mesh's ``model`` axis (tensor parallel size tp):
+- without expert parallelism, every expert's matrices are split like the dense MLP's (gate/up
+  by output columns, down by input rows), so each device computes its slice of every expert;
+- with ``enable_expert_parallel``, each device holds num_experts / tp whole experts.
+Either way the activations entering the block are replicated over ``model`` (attention's
+output projection already reduced them), so every device routes all tokens itself, computes
+the rows of the experts (or slices) it holds under ``shard_map``, and one ``psum`` of the
+[T, hidden] partial outputs -- the same all-reduce the dense MLP's down projection costs --
+gives every device the result. No token is dropped and no buffer depends on routing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax import lax
+from jax.sharding import PartitionSpec as P
+
+from jaxlm.models.base import WeightTarget
+from jaxlm.models.layers import Linear, ParallelStyle, get_act_fn
+from jaxlm.models.moe_ops import combine, grouped_mlp, route, sort_by_expert
+from jaxlm.models.utils import MODEL_AXIS, get_param_partition_spec, make_param
+
+# HF per-expert tensor names, in the order of the stacked gate_up dim (gate 0, up 1).
+_GATE_UP = ("gate_proj", "up_proj")
+
+
+@dataclasses.dataclass(frozen=True)
+class MoEArgs:
+    """The MoE numbers of an HF config (hashable)."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int  # of one expert
+    renormalize: bool  # top-k weights rescaled to sum 1 (Mixtral; norm_topk_prob elsewhere)
+    sparse_layers: tuple[bool, ...]  # per layer: MoE block, or the dense MLP
+    shared_expert_intermediate_size: int = 0  # 0: no shared expert
+
+    @classmethod
+    def from_hf_config(cls, config: Any, *, num_experts: int, intermediate_size: int,
+                       renormalize: bool, shared_expert_intermediate_size: int = 0) -> "MoEArgs":
+        """Dense layers between sparse ones as Qwen-MoE places them: a layer is sparse unless it
+        is in ``mlp_only_layers`` or ``(i + 1) % decoder_sparse_step != 0``."""
+        n_layers = config.num_hidden_layers
+        step = int(getattr(config, "decoder_sparse_step", 1) or 1)
+        dense = set(getattr(config, "mlp_only_layers", None) or ())
+        top_k = int(config.num_experts_per_tok)
+        for name, value in (("num_experts", num_experts), ("the experts' intermediate size", intermediate_size),
+                            ("decoder_sparse_step", step)):
+            if int(value) < 1:
+                raise ValueError(f"the model config's {name} must be >= 1, got {value}")
+        if not 0 < top_k <= num_experts:
+            raise ValueError(f"num_experts_per_tok={top_k} must be in [1, num_experts={num_experts}]")
+        return cls(
+            num_experts=int(num_experts),
+            top_k=top_k,
+            intermediate_size=int(intermediate_size),
+            renormalize=bool(renormalize),
+            sparse_layers=tuple(i not in dense and num_experts > 0 and (i + 1) % step == 0 for i in range(n_layers)),
+            shared_expert_intermediate_size=int(shared_expert_intermediate_size or 0),
+        )
+
+    def check_parallel(self, tp: int, expert_parallel: bool) -> None:
+        """A clear error when ``tp`` does not divide what it splits, naming both numbers."""
+        if tp == 1:
+            return
+        if expert_parallel:
+            if self.num_experts % tp:
+                raise ValueError(
+                    f"--enable-expert-parallel: tensor_parallel_size={tp} does not divide the model's "
+                    f"num_experts={self.num_experts} (each device holds num_experts / tp whole experts)")
+            return
+        if self.intermediate_size % tp:
+            raise ValueError(
+                f"tensor_parallel_size={tp} does not divide the experts' intermediate size "
+                f"{self.intermediate_size}; try --enable-expert-parallel")
+        if self.shared_expert_intermediate_size % tp:
+            raise ValueError(f"tensor_parallel_size={tp} does not divide the model's "
+                             f"shared_expert_intermediate_size={self.shared_expert_intermediate_size}")
+
+
+class FusedExperts(nnx.Module):
+    """Every expert's gated MLP, stacked: ``gate_up_proj`` [E, hidden, 2, I] (gate, up) and
+    ``down_proj`` [E, I, hidden]. Split over ``model`` by experts (expert parallel) or by I."""
+
+    def __init__(self, num_experts: int, hidden: int, intermediate: int, *, expert_parallel: bool,
+                 dtype: jnp.dtype, rngs: nnx.Rngs):
+        ep = MODEL_AXIS if expert_parallel else None
+        tp = None if expert_parallel else MODEL_AXIS
+        self.gate_up_proj = make_param(rngs, (num_experts, hidden, 2, intermediate), dtype, (ep, None, None, tp))
+        self.down_proj = make_param(rngs, (num_experts, intermediate, hidden), dtype, (ep, tp, None))
+
+    def weight_targets(self, prefix: str) -> dict[str, WeightTarget]:
+        """HF's per-expert tensors ``{prefix}.{e}.{gate,up,down}_proj.weight`` ([out, in]), each
+        written into its expert's block of the stacked Params as it streams in."""
+        E, H, _, I = self.gate_up_proj.get_value().shape
+        targets: dict[str, WeightTarget] = {}
+        for e in range(E):
+            for j, name in enumerate(_GATE_UP):
+                targets[f"{prefix}.{e}.{name}.weight"] = WeightTarget(
+                    (I, H), [(self.gate_up_proj, lambda a: a.T[None, :, None, :])], starts=(e, 0, j, 0))
+            targets[f"{prefix}.{e}.down_proj.weight"] = WeightTarget(
+                (H, I), [(self.down_proj, lambda a: a.T[None])], starts=(e, 0, 0))
+        return targets
+
+
+class FusedMoE(nnx.Module):
+    """Router (``gate``), experts, and an optional shared expert (``shared_expert`` with its
+    sigmoid ``shared_expert_gate``); HF's names."""
+
+    def __init__(self, hidden: int, moe: MoEArgs, act: str, *, dtype: jnp.dtype, rngs: nnx.Rngs,
+                 mesh: Any = None, expert_parallel: bool = False, shared_expert: nnx.Module | None = None):
+        get_act_fn(act)  # fail at construction, not at the first step
+        self.act = act
+        self.top_k = moe.top_k
+        self.renormalize = moe.renormalize
+        # The mesh shard_map runs over (None: one device, or a "model" axis of 1).
+        self.mesh = mesh if mesh is not None and mesh.shape.get(MODEL_AXIS, 1) > 1 else None
+        self.expert_parallel = bool(expert_parallel)
+        self.gate = Linear(hidden, moe.num_experts, bias=False, parallel=ParallelStyle.REPLICATED, dtype=dtype,
+                           rngs=rngs)
+        self.experts = FusedExperts(moe.num_experts, hidden, moe.intermediate_size,
+                                    expert_parallel=expert_parallel, dtype=dtype, rngs=rngs)
+        self.shared_expert = shared_expert
+        self.shared_expert_gate = (
+            Linear(hidden, 1, bias=False, parallel=ParallelStyle.REPLICATED, dtype=dtype, rngs=rngs)
+            if shared_expert is not None else None)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        # The router in float32 whatever the model dtype: top-k picks must not flip with bf16.
+        weights, ids = route(self.gate(x.astype(jnp.float32)), self.top_k, self.renormalize)
+        y = self.routed_experts(x, weights, ids)
+        if self.shared_expert is not None:
+            y = y + jax.nn.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return y
+
+    def routed_experts(self, x: jax.Array, weights: jax.Array, ids: jax.Array) -> jax.Array:
+        """sum_k weights[t, k] * expert_{ids[t, k]}(x[t]) for x [T, hidden]."""
+        act = get_act_fn(self.act)
+        sharded = self.mesh is not None
+        ep = self.expert_parallel and sharded
+
+        def local(x, weights, ids, w_gate_up, w_down):
+            order, es = sort_by_expert(ids)
+            xs = x[order // self.top_k]
+            start = lax.axis_index(MODEL_AXIS) * w_gate_up.shape[0] if ep else 0
+            ys = grouped_mlp(xs, es, w_gate_up, w_down, jnp.asarray(start, jnp.int32), act)
+            out = combine(ys, order, weights).astype(x.dtype)
+            return lax.psum(out, MODEL_AXIS) if sharded else out
+
+        params = (self.experts.gate_up_proj[...], self.experts.down_proj[...])
+        if not sharded:
+            return local(x, weights, ids, *params)
+        specs = tuple(get_param_partition_spec(p) for p in (self.experts.gate_up_proj, self.experts.down_proj))
+        return jax.shard_map(local, mesh=self.mesh, in_specs=(P(), P(), P(), *specs), out_specs=P(),
+                             check_vma=False)(x, weights, ids, *params)
+
+
+def expert_weight_targets(model: nnx.Module) -> tuple[dict[str, WeightTarget], set[str]]:
+    """Per-expert HF targets of every ``FusedExperts`` in ``model``, and the nnx path names of
+    the stacked Params they fill (not loaded by their own names)."""
+    targets: dict[str, WeightTarget] = {}
+    stacked: set[str] = set()
+    for path, node in nnx.iter_graph(model):
+        if isinstance(node, FusedExperts):
+            prefix = ".".join(str(p) for p in path)
+            targets.update(node.weight_targets(prefix))
+            stacked.update({f"{prefix}.gate_up_proj", f"{prefix}.down_proj"})
+    return targets, stacked

@@ -1,0 +1,132 @@
+"""The math of a mixture-of-experts layer: route, sort by expert, grouped MLP, combine.
+
+Shapes are static: a step of T tokens with top-k routing always has M = T*k (token, expert)
+rows, sorted by expert; how many rows each expert gets (the group sizes) is data, so no routing
+ever recompiles. Expert compute follows the rows, not ``num_experts``:
+
+- ``grouped_mlp_ragged``: ``jax.lax.ragged_dot`` over the sorted rows (native on GPU and TPU).
+- ``grouped_mlp_tiled``: on CPU, where XLA lowers ragged_dot as a dense dot over every expert
+  with masks (measured: 8 -> 64 experts at 128 rows, 512x1024 experts, 30 -> 310 ms), a loop
+  over tiles of rows padded per expert, each tile one [tile, H] x [H, 2I] and one [tile, I] x
+  [I, H] matmul; the loop's trip count (tiles in use) is data too.
+
+``grouped_mlp`` picks one per platform at lowering (``lax.platform_dependent``). Both take the
+experts held locally (``expert_start`` + their count): under expert parallelism each device
+computes only its experts' rows and leaves the others' rows zero.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+
+def route(router_logits: jax.Array, top_k: int, renormalize: bool) -> tuple[jax.Array, jax.Array]:
+    """Softmax over the experts (float32), the top-k, renormalised to sum 1 when asked.
+
+    Returns (weights [T, k] float32, expert ids [T, k] int32). Ties go to the lower expert id
+    (``lax.top_k``), as a stable sort would.
+    """
+    probs = jax.nn.softmax(router_logits.astype(jnp.float32), axis=-1)
+    weights, ids = lax.top_k(probs, top_k)
+    if renormalize:
+        weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+    return weights, ids.astype(jnp.int32)
+
+
+def sort_by_expert(ids: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(order [M], expert of each sorted row [M]) for ids [T, k]; row j of the sorted batch is
+    token ``order[j] // k``."""
+    flat = ids.reshape(-1)
+    order = jnp.argsort(flat, stable=True).astype(jnp.int32)
+    return order, flat[order]
+
+
+def combine(ys: jax.Array, order: jax.Array, weights: jax.Array) -> jax.Array:
+    """Sorted expert outputs [M, H] back to tokens: sum_k weight * output, float32 [T, H]."""
+    T, k = weights.shape
+    unsorted = jnp.zeros_like(ys).at[order].set(ys, unique_indices=True)
+    return jnp.einsum("tkh,tk->th", unsorted.reshape(T, k, -1).astype(jnp.float32), weights)
+
+
+def _local_group_sizes(es: jax.Array, expert_start: jax.Array, num_local: int) -> tuple[jax.Array, jax.Array]:
+    """Rows per local expert [El], and whether each row belongs to one [M]."""
+    local = es - expert_start
+    mine = (local >= 0) & (local < num_local)
+    sizes = jnp.zeros(num_local, jnp.int32).at[jnp.clip(local, 0, num_local - 1)].add(mine.astype(jnp.int32))
+    return sizes, mine
+
+
+def _gated(act: Callable[[jax.Array], jax.Array], gate_up: jax.Array) -> jax.Array:
+    """[..., 2, I] gate and up projections -> act(gate) * up."""
+    return act(gate_up[..., 0, :]) * gate_up[..., 1, :]
+
+
+def grouped_mlp_ragged(xs: jax.Array, es: jax.Array, w_gate_up: jax.Array, w_down: jax.Array,
+                       expert_start: jax.Array, act: Callable[[jax.Array], jax.Array]) -> jax.Array:
+    """Each sorted row through its expert's gated MLP with ``ragged_dot``; rows of experts not
+    held here ([expert_start, expert_start + El) are) give zeros.
+
+    xs [M, H] sorted by expert, es [M] their (global) expert ids, w_gate_up [El, H, 2, I],
+    w_down [El, I, H]."""
+    M = xs.shape[0]
+    El, H, _, I = w_gate_up.shape
+    sizes, mine = _local_group_sizes(es, expert_start, El)
+    # The local rows are contiguous in the sorted batch: rotate them to the front.
+    first = jnp.sum(es < expert_start).astype(jnp.int32)
+    idx = (jnp.arange(M, dtype=jnp.int32) + first) % M
+    x = xs[idx]
+    h = lax.ragged_dot(x, w_gate_up.reshape(El, H, 2 * I), sizes).reshape(M, 2, I)
+    y = lax.ragged_dot(_gated(act, h), w_down, sizes)
+    y = jnp.where((jnp.arange(M) < jnp.sum(sizes))[:, None], y, 0)
+    return jnp.zeros_like(y).at[idx].set(y, unique_indices=True)
+
+
+def tile_rows(num_rows: int, num_local: int) -> int:
+    """Rows per tile: about the mean group size (a power of 2 in [4, 128]), so a decode step over
+    many experts pads little and a long prefill runs large matmuls."""
+    mean = max(1, -(-num_rows // max(1, num_local)))
+    return int(min(128, max(4, 1 << (mean - 1).bit_length())))
+
+
+def grouped_mlp_tiled(xs: jax.Array, es: jax.Array, w_gate_up: jax.Array, w_down: jax.Array,
+                      expert_start: jax.Array, act: Callable[[jax.Array], jax.Array],
+                      tile: int | None = None) -> jax.Array:
+    """Same contract as ``grouped_mlp_ragged``, as a loop over tiles that each hold one expert's
+    rows (each group padded up to whole tiles); only the tiles in use run."""
+    M, H = xs.shape
+    El, _, _, I = w_gate_up.shape
+    tm = tile or tile_rows(M, El)
+    sizes, mine = _local_group_sizes(es, expert_start, El)
+    padded = (sizes + tm - 1) // tm * tm
+    pad_end = jnp.cumsum(padded)
+    local = jnp.clip(es - expert_start, 0, El - 1)
+    first = jnp.sum(es < expert_start)
+    rank = jnp.arange(M, dtype=jnp.int32) - first - (jnp.cumsum(sizes) - sizes)[local]
+    # Static bound on the padded rows: every group in use wastes at most tm - 1 rows.
+    cap = -(-(M + min(El, M) * (tm - 1)) // tm) * tm
+    dest = jnp.where(mine, pad_end[local] - padded[local] + rank, cap)  # cap: dropped
+    xp = jnp.zeros((cap, H), xs.dtype).at[dest].set(xs, mode="drop")
+    tile_expert = jnp.searchsorted(pad_end, jnp.arange(cap // tm) * tm, side="right")
+    w_gu = w_gate_up.reshape(El, H, 2 * I)
+
+    def body(t, yp):
+        x = lax.dynamic_slice_in_dim(xp, t * tm, tm)
+        e = tile_expert[t]
+        h = _gated(act, (x @ w_gu[e]).reshape(tm, 2, I))
+        return lax.dynamic_update_slice_in_dim(yp, h @ w_down[e], t * tm, 0)
+
+    yp = lax.fori_loop(0, pad_end[-1] // tm, body, jnp.zeros((cap, H), xs.dtype))
+    return yp.at[dest].get(mode="fill", fill_value=0)
+
+
+def grouped_mlp(xs: jax.Array, es: jax.Array, w_gate_up: jax.Array, w_down: jax.Array,
+                expert_start: jax.Array, act: Callable[[jax.Array], jax.Array]) -> jax.Array:
+    """The grouped expert MLP, lowered per platform: tiles on CPU, ``ragged_dot`` elsewhere."""
+    return lax.platform_dependent(
+        xs, es, w_gate_up, w_down, expert_start,
+        cpu=lambda *a: grouped_mlp_tiled(*a, act),
+        default=lambda *a: grouped_mlp_ragged(*a, act))

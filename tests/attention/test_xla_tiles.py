@@ -1,0 +1,115 @@
+"""The per-request tiled XLA attention equals a dense reference on ragged batches: several rows in
+one step, each with its own cached context and query length, decode rows first or not, tiles
+and key chunks cut at awkward places, sliding windows and soft-capping, NaN in unused pages."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxlm.attention.xla_tiles as xla_tiles
+from jaxlm.attention.metadata import AttentionMetadata
+from jaxlm.attention.xla_backend import paged_attention_xla
+from kernels_pallas.reference import ragged_paged_reference, write_kv_reference
+
+
+def _step(rng, rows, bs, hq, hkv, d, pad_tokens=3, pad_rows=2):
+    """rows: (context_len, query_len) each. Cache of NaN with each row's context written;
+    returns (q, k, v, cache, md) with the step's new K/V apart, as a model hands them over."""
+    pages = max(-(-(c + n) // bs) for c, n in rows) + 1
+    nb = sum(-(-(c + n) // bs) for c, n in rows) + 2
+    cache = np.full((2, nb, bs, hkv, d), np.nan, np.float32)
+    free = list(rng.permutation(nb))
+    tables, pos, slots, tok_req, new_kv = [], [], [], [], []
+    for r, (ctx, ql) in enumerate(rows):
+        blocks = [int(free.pop()) for _ in range(-(-(ctx + ql) // bs))]
+        tables.append(blocks + [free[0]] * (pages - len(blocks)))  # padding -> a NaN page
+        kv = rng.standard_normal((2, ctx + ql, hkv, d)).astype(np.float32)
+        for p in range(ctx):
+            cache[:, blocks[p // bs], p % bs] = kv[:, p]
+        for p in range(ctx, ctx + ql):
+            pos.append(p)
+            slots.append(blocks[p // bs] * bs + p % bs)
+            tok_req.append(r)
+        new_kv.append(kv[:, ctx:])
+    n_rows = len(rows) + pad_rows
+    pos += [0] * pad_tokens
+    slots += [-1] * pad_tokens
+    tok_req += [n_rows - 1] * pad_tokens
+    tables += [[0] * pages] * pad_rows
+    qlens = [n for _, n in rows] + [0] * pad_rows
+    i32 = lambda x: jnp.asarray(np.asarray(x), jnp.int32)  # noqa: E731
+    md = AttentionMetadata(
+        positions=i32(pos), slot_mapping=i32(slots), token_to_req=i32(tok_req),
+        block_tables=i32(tables), seq_lens=i32([c + n for c, n in rows] + [0] * pad_rows),
+        context_lens=i32([c for c, _ in rows] + [0] * pad_rows),
+        query_start_loc=i32(np.concatenate([[0], np.cumsum(qlens)])))
+    junk = np.full((2, pad_tokens, hkv, d), np.nan, np.float32)
+    k, v = np.concatenate(new_kv + [junk], axis=1)
+    q = rng.standard_normal((len(pos), hq, d)).astype(np.float32)
+    q[len(pos) - pad_tokens:] = np.nan  # padding query slots hold garbage too
+    return jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.asarray(cache), md
+
+
+def _check(rows, bs, hq, hkv, d, window=None, cap=None, max_query_len=None, seed=0):
+    rng = np.random.default_rng(seed)
+    q, k, v, cache, md = _step(rng, rows, bs, hq, hkv, d)
+    if max_query_len is not None:
+        md = AttentionMetadata(**{f: getattr(md, f) for f in (
+            "positions", "slot_mapping", "token_to_req", "block_tables", "seq_lens",
+            "context_lens", "query_start_loc")}, max_query_len=max_query_len)
+    kw = dict(scale=d ** -0.5, sliding_window=window, logits_soft_cap=cap)
+    # As the runner calls it: inside jit, the cache donated.
+    step = jax.jit(functools.partial(paged_attention_xla, **kw), donate_argnums=(3,))
+    full = write_kv_reference(cache, k, v, md.slot_mapping)
+    ref = ragged_paged_reference(q, full, md.block_tables, md.context_lens, md.query_start_loc, **kw)
+    out, new_cache = step(q, k, v, cache, md)
+    out, ref = np.asarray(out), np.asarray(ref)
+    n = int(md.query_start_loc[-1])
+    assert np.isfinite(out).all(), "garbage leaked into the output"
+    np.testing.assert_allclose(out[:n], ref[:n], atol=2e-5, rtol=2e-5)
+    assert not out[n:].any(), "padding tokens get zeros"
+    np.testing.assert_array_equal(np.asarray(new_cache), np.asarray(full))
+
+
+@pytest.fixture
+def small_tiles(monkeypatch):
+    """Tiles of 8 tokens, chunks of 16 keys and long steps of 32, so short rows cross many
+    tile / chunk / long-step edges."""
+    monkeypatch.setattr(xla_tiles, "BLOCK_Q", 8)
+    monkeypatch.setattr(xla_tiles, "CHUNK_TOKENS", 16)
+    monkeypatch.setattr(xla_tiles, "LONG_CHUNK_TOKENS", 32)
+
+
+# Decode rows first (as the runner orders them), then: fresh prefill of 1 tile + 1 token, a
+# chunk after a page-aligned prefix hit, a 1-token chunk after context (a decode-like row
+# out of the leading run), a chunk crossing page and tile edges, a long context + short
+# suffix, an exact tile.
+ROWS = [(37, 1), (5, 1), (0, 1), (0, 9), (16, 5), (11, 1), (13, 23), (150, 3), (0, 8)]
+
+
+@pytest.mark.parametrize("hq,hkv,window,cap", [
+    (4, 2, None, None),
+    (6, 2, 7, None),  # group 3, window shorter than a tile
+    (4, 1, 20, 5.0),  # MQA, window across chunks, soft cap
+    (2, 2, None, 30.0),
+])
+def test_ragged_batch_matches_dense(small_tiles, hq, hkv, window, cap):
+    _check(ROWS, 4, hq, hkv, 16, window, cap)
+
+
+def test_default_tiles_long_rows():
+    # Several default-size (128) tiles and chunks per row: a fresh 300-token prompt, a
+    # 130-token chunk after 700 cached tokens, decodes deep into their contexts.
+    rows = [(900, 1), (257, 1), (0, 300), (700, 130), (64, 129)]
+    _check(rows, 16, 9, 3, 16)
+    _check(rows, 16, 4, 2, 16, window=200, seed=1)
+
+
+def test_decode_only_static(small_tiles):
+    # max_query_len == 1: the tile loop is not even traced; every row runs as a mat-vec.
+    _check([(37, 1), (0, 1), (5, 1), (64, 1)], 4, 4, 2, 16, window=9, max_query_len=1)

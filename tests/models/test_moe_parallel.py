@@ -1,0 +1,42 @@
+"""Expert parallelism on 8 CPU devices: EP=2, EP=4 and TP=2 without EP give one device's tokens.
+
+The cases run once, in a subprocess (tests/helpers/moe_cases.py) that asks XLA for 8 host
+devices before importing jax; one engine per case, prompts chunked and preempted.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.helpers.device_cases import run_cases
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> dict:
+    return run_cases("tests.helpers.moe_cases", tmp_path_factory.mktemp("moe"))
+
+
+@pytest.mark.parametrize("case", ["ep2", "ep4", "tp2"])
+def test_same_tokens_and_logprobs_as_one_device(results, case):
+    one, many = results["tp1"], results[case]
+    assert many["tokens"] == one["tokens"]  # greedy and seeded sampling
+    for steps_one, steps_many in zip(one["logprobs"], many["logprobs"]):
+        for a, b in zip(steps_one, steps_many):
+            assert a.keys() == b.keys()
+            assert max(abs(a[k] - b[k]) for k in a) < 1e-4
+    assert many["compiles"] == 0 and one["compiles"] == 0
+    assert many["preemptions"] > 0
+
+
+def test_each_device_holds_its_experts(results):
+    e = {k: results[k]["expert_bytes"] for k in ("tp1", "ep2", "ep4", "tp2")}
+    # Whole experts (EP) or a slice of each (TP): either way 1/tp of the expert weights.
+    assert e["ep2"] == e["tp1"] // 2 and e["ep4"] == e["tp1"] // 4 and e["tp2"] == e["tp1"] // 2, e
+    print(f"\nexpert bytes on device 0: {e}; all weights: "
+          f"{ {k: results[k]['weight_bytes'] for k in e} }")
+
+
+def test_sizes_that_do_not_divide_are_refused(results):
+    errors = results["errors"]
+    assert "tensor_parallel_size=4" in errors["experts"] and "num_experts=6" in errors["experts"], errors
+    assert "tensor_parallel_size=4" in errors["intermediate"] and "30" in errors["intermediate"], errors
