@@ -30,7 +30,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from jaxlm.config import EngineConfig
+from jaxlm.config import EngineConfig, LoRAConfig
 from jaxlm.sample.builder import SamplingInputBuilder
 from jaxlm.sample.metadata import SamplerVariant
 from jaxlm.worker.buckets import pick_bucket
@@ -48,8 +48,9 @@ class DraftModelRunner(ModelRunner):
         spec = config.speculative_config
         comp = dataclasses.replace(config.compilation_config, token_buckets=list(target.token_buckets),
                                    seq_buckets=list(target.seq_buckets))
+        # No adapters on the draft: it only proposes, and the target verifies with the request's adapter.
         draft_config = dataclasses.replace(config, model_config=spec.draft_model_config, compilation_config=comp,
-                                           speculative_config=None)
+                                           speculative_config=None, lora_config=LoRAConfig())
         super().__init__(draft_config, model, mesh)
         if self.input_batch.max_pages != target.input_batch.max_pages:
             raise ValueError(f"the draft model's attention kernels page its cache in groups of "
