@@ -34,12 +34,14 @@ def resolve_speculative_config(config: EngineConfig, tokenizer: Any) -> None:
                         max_model_len=target.max_model_len, seed=target.seed)
     draft = resolve_model_config(draft, LoadConfig())  # its own format, whatever the target's
     target_vocab, draft_vocab = int(target.hf_config.vocab_size), int(draft.hf_config.vocab_size)
-    draft_tokens = get_tokenizer(draft).get_vocab()
-    if draft_vocab != target_vocab or draft_tokens != tokenizer.get_vocab():
+    # skip_tokenizer_init: no tokenizer to compare, only the vocabularies' sizes.
+    draft_tokens = get_tokenizer(draft).get_vocab() if tokenizer is not None else {}
+    target_tokens = tokenizer.get_vocab() if tokenizer is not None else {}
+    if draft_vocab != target_vocab or draft_tokens != target_tokens:
         raise ValueError(
             f"The draft model {spec.model!r} (vocabulary {draft_vocab}, tokenizer of {len(draft_tokens)} tokens) "
             f"and the target model {target.model!r} (vocabulary {target_vocab}, tokenizer of "
-            f"{len(tokenizer.get_vocab())} tokens) do not share a tokenizer: speculative decoding needs the "
+            f"{len(target_tokens)} tokens) do not share a tokenizer: speculative decoding needs the "
             "draft to propose the target's token ids")
     spec.draft_model_config = draft
     logger.info("speculative decoding: draft model %s, %d tokens", spec.model, spec.num_speculative_tokens)

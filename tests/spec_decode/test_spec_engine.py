@@ -235,5 +235,9 @@ def test_refusals_before_loading(model_dir, tmp_path):
         LLM(model=model_dir, speculative_config={"method": "draft_model", "model": other,
                                                  "num_speculative_tokens": 2}, **ENGINE)
     assert other in str(err.value) and model_dir in str(err.value) and "do not share a tokenizer" in str(err.value)
+    # skip_tokenizer_init: no tokenizers to compare, the vocabulary sizes still are.
+    with pytest.raises(ValueError, match="vocabulary 320.*do not share a tokenizer"):
+        LLM(model=model_dir, skip_tokenizer_init=True, speculative_config={
+            "method": "draft_model", "model": other, "num_speculative_tokens": 2}, **ENGINE)
     with pytest.raises(ValueError, match="num_speculative_tokens=1000000000 must be below max_num_batched_tokens=32"):
         LLM(model=model_dir, speculative_config={"method": "ngram", "num_speculative_tokens": 10**9}, **ENGINE)
