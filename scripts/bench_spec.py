@@ -136,7 +136,12 @@ def bench_spec(model: str | None, spec: dict, workload: str, batch: int, variant
         spec = dict(spec, model=target)
     k = int(spec.get("num_speculative_tokens", 1))
     max_len, budget = (1024, 256) if batch == 1 else (512, 512)
-    kw = dict(model=target, dtype=dtype, max_num_seqs=batch, max_model_len=max_len, max_num_batched_tokens=budget)
+    # The KV cache sized to the workload, not to the host's free memory (shared, it varies).
+    kw = dict(model=target, dtype=dtype, max_num_seqs=batch, max_model_len=max_len, max_num_batched_tokens=budget,
+              num_gpu_blocks_override=batch * max_len // 16 + 16)
+    if batch == 1:  # the sizes a batch-1 step takes (decode, each engine's verify, a prompt): fewer compiles
+        ks = {k} | {int(v.get("num_speculative_tokens", k)) for v in variants}
+        kw["token_buckets"] = sorted({1, budget} | {1 + x for x in ks})
     engines: dict[str, Any] = {"off": LLM(**kw)}
     engines["spec"] = LLM(speculative_config=spec, **kw)
     for i, extra in enumerate(variants):
