@@ -36,7 +36,7 @@ def _child_main(model_dir: str, async_mode: str) -> None:
     print(_TAG + json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         req = json.loads(line)
-        r = bench_host.measure_batch(llm, req["batch"], 16, req["output_len"])
+        r = bench_host.measure_batch(llm, req["batch"], 16, req["output_len"], output_kind=req["output_kind"])
         r["compiles"] = bench_host.model_runner(llm.llm_engine).num_compiles_after_warmup
         print(_TAG + json.dumps(r), flush=True)
 
@@ -57,8 +57,8 @@ class _Child:
                 return json.loads(line[len(_TAG):])
         raise RuntimeError(f"the child for {self.tree} exited ({self.proc.wait()})")
 
-    def measure(self, batch: int, output_len: int) -> dict:
-        self.proc.stdin.write(json.dumps({"batch": batch, "output_len": output_len}) + "\n")
+    def measure(self, batch: int, output_len: int, output_kind: str) -> dict:
+        self.proc.stdin.write(json.dumps({"batch": batch, "output_len": output_len, "output_kind": output_kind}) + "\n")
         self.proc.stdin.flush()
         return self._read()
 
@@ -77,12 +77,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batches", type=int, nargs="+", default=[1, 64])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--output-len", type=int, default=200)
+    p.add_argument("--output-kind", default="CUMULATIVE", choices=["CUMULATIVE", "DELTA", "FINAL_ONLY"],
+                   help="the requests' RequestOutputKind: CUMULATIVE (a streaming caller's text each step, "
+                        "SamplingParams' default) or FINAL_ONLY (LLM.generate's)")
     p.add_argument("--async-mode", default="default", choices=["default", "on", "off"],
                    help="this checkout's async scheduling (the other runs its default)")
     a = p.parse_args(argv)
     sys.path.insert(0, _HERE)
     from tests.helpers.tiny_models import make_tiny_engine_model
 
+    with open("/proc/cpuinfo") as f:
+        cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "?")
+    print(f"CPU: {cpu} x {os.cpu_count()}; requests' output kind: {a.output_kind}", flush=True)
     with open("/proc/loadavg") as f:
         print(f"load average at start: {' '.join(f.read().split()[:3])}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -95,7 +101,8 @@ def main(argv: list[str] | None = None) -> None:
         for rnd in range(a.rounds):
             for b in a.batches:
                 pair = [("this", here), ("other", there)]
-                res = {name: child.measure(b, a.output_len) for name, child in (pair if rnd % 2 == 0 else pair[::-1])}
+                order = pair if rnd % 2 == 0 else pair[::-1]
+                res = {name: child.measure(b, a.output_len, a.output_kind) for name, child in order}
                 for name, r in res.items():
                     ms.setdefault((name, b), []).append(r["ms_median"])
                     print(f"round {rnd} batch {b:>3} {name:>5}: {r['ms_median']:.3f} ms/step  {_parts(r)}"

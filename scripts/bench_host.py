@@ -138,16 +138,20 @@ def device_ms(runner, calls: dict, reps: int = 30) -> float:
 
 
 def measure_batch(llm, batch: int, prompt_len: int, output_len: int, skip: int = 5,
-                  with_device: bool = False, trace_steps: int = 0) -> dict:
-    """ms per decode step at this batch size and the share of each part."""
+                  with_device: bool = False, trace_steps: int = 0, output_kind: str = "CUMULATIVE") -> dict:
+    """ms per decode step at this batch size and the share of each part. output_kind: the
+    RequestOutputKind's name (CUMULATIVE: a streaming caller's text every step; FINAL_ONLY:
+    LLM.generate's one output at the end)."""
     from jaxlm import SamplingParams
+    from jaxlm.sampling_params import RequestOutputKind
 
     engine = llm.llm_engine
     timer, scheduled = _instrument(engine)
     calls = _capture_programs(model_runner(engine)) if with_device else None
     vocab = engine.model_config.hf_config.vocab_size
     rng = np.random.default_rng(batch)
-    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True)
+    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True,
+                            output_kind=RequestOutputKind[output_kind])
     for i in range(batch):
         engine.add_request(f"b{batch}-{i}", {"prompt_token_ids": rng.integers(3, vocab - 3, prompt_len).tolist()},
                            params)

@@ -72,11 +72,13 @@ class AsyncScheduler(Scheduler):
                 list(map(operator.add, placeholders, map(operator.eq, sampled_upto, ends))))
 
     def _num_tokens_to_compute(self, request: Request) -> int:
-        # Nothing more once the tokens in flight reach the request's limit.
-        n_out = request.num_output_tokens + request.num_output_placeholders
-        if n_out >= request.max_tokens or request.num_tokens + request.num_output_placeholders >= self.max_model_len:
+        # Nothing more once the tokens in flight reach the request's limit. (Fields, not the
+        # properties: this runs for every running request every step.)
+        in_flight = request.num_output_placeholders
+        num_tokens = len(request.all_token_ids) + in_flight
+        if len(request.output_token_ids) + in_flight >= request.max_tokens or num_tokens >= self.max_model_len:
             return 0
-        return request.num_tokens + request.num_output_placeholders - request.num_computed_tokens
+        return num_tokens - request.num_computed_tokens
 
     def _skip_quietly(self, request: Request) -> bool:
         return request.num_output_placeholders > 0
@@ -95,6 +97,15 @@ class AsyncScheduler(Scheduler):
         arrived = list(itertools.compress(requests, sampled))
         left = gather(_placeholders, arrived)
         set_all(arrived, "num_output_placeholders", np.maximum(left - 1, 0).tolist())
+
+    def _one_token_arrived(self, requests: list[Request], num_scheduled) -> bool:
+        # Counted when scheduled; one in-flight token fewer each (a token that arrives always
+        # had its placeholder: a preempted request takes the array path).
+        left = list(map(operator.sub, map(_placeholders, requests), itertools.repeat(1)))
+        if min(left) < 0:
+            return False
+        set_all(requests, "num_output_placeholders", left)
+        return True
 
     def _preempt(self, request: Request) -> None:
         super()._preempt(request)

@@ -32,6 +32,7 @@ from jaxlm.core.stats import SchedulerStats
 
 logger = logging.getLogger(__name__)
 _computed = operator.attrgetter("num_computed_tokens")
+_all_tokens = operator.attrgetter("all_token_ids")
 
 
 class Scheduler:
@@ -58,6 +59,8 @@ class Scheduler:
         self.finished_req_ids: set[str] = set()
         # Outputs produced outside update_from_output (a request dropped by schedule()).
         self._pending_outputs: list[EngineCoreOutput] = []
+        # The last decode step's requests, as core/decode_update.py reuses them.
+        self._decode_batch = None
         self.num_preemptions = 0
         # Speculative decoding (core/spec_decode.py); whether the step being scheduled speculates.
         self.spec = SpecDecodeScheduling(speculative_config) if speculative_config is not None else None
@@ -181,7 +184,7 @@ class Scheduler:
                 spec_tokens[request.request_id] = drafts
             token_budget -= num_new_tokens
             cached.req_ids.append(request.request_id)
-            cached.new_block_ids.append([b.block_id for b in new_blocks])
+            cached.new_block_ids.append([b.block_id for b in new_blocks] if new_blocks else [])
             cached.num_computed_tokens.append(request.num_computed_tokens)
             req_index += 1
         return token_budget, preempted_reqs
@@ -271,6 +274,16 @@ class Scheduler:
         """A step's tokens are computed (sync: counted when its output comes back)."""
         step_update.set_all(requests, "num_computed_tokens",
                             list(map(operator.add, map(_computed, requests), num_scheduled.tolist())))
+
+    def _one_token_arrived(self, requests: list[Request], num_scheduled: Iterable[int]) -> bool:
+        """decode_update's form of the two hooks above, over lists: each request sampled one
+        token. Sync: count the step's tokens computed; False (nothing changed) if one of them
+        was a prompt chunk short of its end."""
+        computed = list(map(operator.add, map(_computed, requests), num_scheduled))
+        if computed != list(map(len, map(_all_tokens, requests))):
+            return False
+        step_update.set_all(requests, "num_computed_tokens", computed)
+        return True
 
     def _takes_output_mask(self, statuses: np.ndarray) -> np.ndarray:
         """Whether a step's output still applies to each request (sync: running ones only)."""

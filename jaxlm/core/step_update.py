@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from jaxlm.core.outputs import EngineCoreOutputBatch, FinishReason, LogprobsLists, ModelRunnerOutput
+from jaxlm.core import decode_update
+from jaxlm.core.outputs import EngineCoreOutputBatch, LogprobsLists, ModelRunnerOutput
 from jaxlm.core.request import Request, RequestStatus
 from jaxlm.core.sched_output import SchedulerOutput
 
@@ -48,6 +49,12 @@ def set_all(items: list, name: str, values: list) -> None:
 def update_from_output(sched: Any, so: SchedulerOutput, mro: ModelRunnerOutput) -> EngineCoreOutputBatch:
     """`sched`: the Scheduler (its requests, KV cache manager and batch hooks); not imported
     here, so the scheduler alone depends on this module."""
+    # The usual decode step, without numpy; not a step that verified drafts or proposed some
+    # (speculative decoding: rollback and the next drafts are the array path's).
+    if not so.scheduled_spec_decode_tokens and mro.spec_token_ids is None:
+        fast = decode_update.try_update(sched, so, mro)
+        if fast is not None:
+            return fast
     pending, sched._pending_outputs = sched._pending_outputs, []
     ids = list(so.num_scheduled_tokens)
     reqs = list(map(sched.requests.get, ids))

@@ -217,6 +217,11 @@ class IncrementalDetokenizer:
         self.num_output_tokens += len(new_token_ids)
         if not self.enabled:
             return None
+        if not (self.stop or self.min_tokens or stop_terminated):  # nothing to watch: only decode
+            step = self._decoder.step
+            for tok in new_token_ids:
+                self.output_text += step(tok)
+            return None
         to_decode = new_token_ids[:-1] if stop_terminated and not self.include_stop_str_in_output else new_token_ids
         stop_check_offset = len(self.output_text)
         step, min_tokens = self._decoder.step, self.min_tokens
@@ -279,7 +284,7 @@ class IncrementalDetokenizer:
         """
         if finished:
             self._flush()
-        length = len(self.output_text) - (0 if finished else self._holdback())
+        length = len(self.output_text) - (self._holdback() if self.stop and not finished else 0)
         if not delta:
             return self.output_text[:length]
         last = self._last_output_text_offset

@@ -91,13 +91,13 @@ class RequestState:
         finished = finish_reason is not None
         text = self.detokenizer.get_next_output_text(finished, delta) if self.detokenizer else ""
         start = self.sent_tokens if delta else 0
-        token_ids = self.token_ids[start:]
+        token_ids = self.token_ids[start:]  # a copy: the caller's to keep
         logprobs = self.logprobs.logprobs
         if logprobs is not None and delta:
             logprobs = logprobs[start:]
         self.sent_tokens = len(self.token_ids)
         return CompletionOutput(
-            index=self.index, text=text, token_ids=list(token_ids),
+            index=self.index, text=text, token_ids=token_ids,
             cumulative_logprob=self.logprobs.cumulative_logprob, logprobs=logprobs,
             finish_reason=finish_reason, stop_reason=stop_reason,
         )
@@ -151,14 +151,18 @@ class OutputProcessor:
         now = time.time()
         states = list(map(self.request_states.get, batch.req_ids))
         counts = batch.num_new_tokens
-        offsets = batch.token_offsets()
-        live = np.ones(n, bool)
-        if None in states:  # aborted meanwhile
-            live = np.fromiter(map(operator.is_not, states, itertools.repeat(None)), bool, n)
-        got = np.flatnonzero(live & (counts > 0)).tolist()
-        sub = states if len(got) == n else list(map(states.__getitem__, got))
-        if got:
-            self._append_tokens(sub, got, batch.new_token_ids.tolist(), offsets, now)
+        tokens = batch.new_token_ids.tolist()
+        if len(tokens) == n and None not in states and counts.all():
+            got, sub = None, states  # one token each, every request live: the usual decode step
+            list(map(list.append, map(_token_ids, states), tokens))
+            list(map(setattr, map(_metrics, states), itertools.repeat("last_token_ts"), itertools.repeat(now)))
+        else:
+            live = np.fromiter(map(operator.is_not, states, itertools.repeat(None)), bool, n)  # aborted meanwhile
+            got = np.flatnonzero(live & (counts > 0)).tolist()
+            sub = states if len(got) == n else list(map(states.__getitem__, got))
+            if got:
+                self._append_tokens(sub, got, tokens, batch.token_offsets(), now)
+        indices = range(n) if got is None else got  # the requests whose tokens were appended
         for i, cached in batch.num_cached_tokens.items():  # with a request's first tokens
             if states[i] is not None:
                 states[i].num_cached_tokens = cached
@@ -167,21 +171,22 @@ class OutputProcessor:
         for i, ts in batch.scheduled_ts.items():
             if states[i] is not None and states[i].metrics.scheduled_ts is None:
                 states[i].metrics.scheduled_ts = ts
-        if batch.new_logprobs is not None and got:
-            wants = np.fromiter(map(_wants_logprobs, sub), bool, len(sub))
-            for i in itertools.compress(got, wants):
+        if batch.new_logprobs is not None and sub:
+            offsets = batch.token_offsets()
+            for i in itertools.compress(indices, map(_wants_logprobs, sub)):
                 states[i].logprobs.update_from_output(
                         slice_logprobs(batch.new_logprobs, int(offsets[i]), int(offsets[i + 1])))
         for i, lp in batch.new_prompt_logprobs.items():
             if states[i] is not None:
                 states[i].logprobs.update_from_output(None, lp)
-        # The requests with work beyond the appends: streamed text, stop strings, finishes.
-        step_work = np.zeros(n, bool)
-        if got:
-            step_work[got] = np.fromiter(map(_works_each_step, sub), bool, len(got))
-        step_work[list(batch.finish_reasons)] = True
-        step_work[list(batch.new_prompt_logprobs)] = True
-        for i in np.flatnonzero(step_work & live).tolist():
+        # The requests with work beyond the appends: streamed text, stop strings, finishes
+        # (none in a final-only decode step without stop strings: no loop then).
+        work = list(itertools.compress(indices, map(_works_each_step, sub)))
+        if batch.finish_reasons or batch.new_prompt_logprobs:
+            work = sorted(set(work).union(batch.finish_reasons, batch.new_prompt_logprobs))
+        for i in work:
+            if states[i] is None:
+                continue
             try:
                 self._finish_one(states[i], batch, i, int(counts[i]), result)
             except Exception as e:  # noqa: BLE001 - attributed to this request only

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from jaxlm.sample.metadata import ALL_VARIANTS, HostArrays, SamplerVariant, SamplingMetadata, covering_variant
+from jaxlm.sample.processor_fields import fill_processor_fields
 from jaxlm.sample.rows import SamplingRows
 from jaxlm.sample.spec_rows import SpecRows, neutral_draft_fields, states_after_drafts
 from jaxlm.sampling_params import SamplingParams
@@ -120,6 +121,10 @@ class SamplingInputBuilder:
         self._history: set[str] = set()
         # The per-step values of every request, gathered per step by index (see rows.py).
         self._rows = SamplingRows()
+        # The last step's (req_ids, rows version, variant) and (req_ids, rows version, HostArrays):
+        # consecutive decode steps of one batch reuse them (see variant_of and build_host).
+        self._last_variant: tuple = ((), -1, None)
+        self._last_host: tuple = ((), -1, None)
 
     # ------------------------------------------------------------ validation
 
@@ -243,12 +248,14 @@ class SamplingInputBuilder:
         not known yet: record_tokens follows). The counts move the random streams on."""
         self._rows.num_output[self._rows.slots(req_ids)] += 1 if counts is None else counts.astype(np.uint64)
 
-    def record_tokens(self, req_ids: Sequence[str], token_ids: Sequence[int]) -> None:
+    def record_tokens(self, req_ids: Sequence[str], token_ids: Sequence[int] | np.ndarray) -> None:
         """The tokens count_outputs counted: Python work only for requests whose processors
         read their history (penalties, min_tokens, bad words)."""
         history = self._history
         if not history:  # the usual batch: one set check, no loop
             return
+        if isinstance(token_ids, np.ndarray):
+            token_ids = token_ids.tolist()
         for req_id, tok in zip(req_ids, token_ids):
             if req_id in history:
                 self._record_token(self._reqs[req_id], tok)
@@ -293,8 +300,13 @@ class SamplingInputBuilder:
     def variant_of(self, req_ids: Sequence[str]) -> SamplerVariant:
         """The cheapest of `variants()` that covers what these requests need: compute it once
         per step and pass it to build()."""
+        ids, version, variant = self._last_variant
+        if version == self._rows.version and req_ids == ids:  # the same rows as the last step
+            return variant
         need = self._rows.need[self._rows.slots(req_ids)].any(axis=0)
-        return covering_variant(SamplerVariant(*map(bool, need)), self._variants)
+        variant = covering_variant(SamplerVariant(*map(bool, need)), self._variants)
+        self._last_variant = (list(req_ids), self._rows.version, variant)
+        return variant
 
     def build(self, req_ids: Sequence[str], num_rows: int,
               variant: SamplerVariant | None = None) -> SamplingMetadata:
@@ -318,6 +330,17 @@ class SamplingInputBuilder:
             raise ValueError(f"{n} sampled rows do not fit in {num_rows} rows")
         if variant is None:
             variant = self.variant_of(req_ids)
+        plain = n == len(req_ids)  # no drafts to verify: the last step's rows may be reused
+        ids, version, last = self._last_host
+        if (plain and last is not None and version == self._rows.version and last.num_rows == num_rows
+                and last.variant == variant and req_ids == ids):
+            # The same rows as the last step: only the random rows' uniforms move on (processor
+            # rows read their history and constrained steps fill a mask: never reused).
+            if not variant.random:
+                return last
+            idx = self._rows.slots(req_ids)
+            return HostArrays({**last.fields, "uniform": self._uniforms(idx, self._rows.num_output[idx], num_rows, True)},
+                              variant, self.max_logprobs, self.num_candidates, last.spec_rows)
         r, v = num_rows, self.vocab_size
         # Greedy and padding rows: temperature 1, no filters, min_p = 1 (only the max survives)
         # with the smallest uniform (the first max: jnp.argmax's tie rule). In a random batch
@@ -335,64 +358,32 @@ class SamplingInputBuilder:
                 steps = rows.num_output[idx] + spec.offset.astype(np.uint64)
             for name in ("temperature", "top_k", "top_p", "min_p"):
                 f[name][:n] = getattr(rows, name)[idx]
-            u = row_uniforms(rows.stream[idx], steps)
-            f["uniform"][:n] = np.where(rows.greedy[idx], _MIN_UNIFORM, u)
+            f["uniform"] = self._uniforms(idx, steps, r, variant.random)
         if variant.processors:
             states = [self._reqs[q] for q in req_ids]
             if spec is not None:
                 states = [t for st, d in zip(states, spec.drafts)
                           for t in (states_after_drafts(st, d, self._record_token) if st.processors
                                     else [st] * (1 + len(d)))]
-            self._fill_processors(f, states, r, v)
+            fill_processor_fields(f, states, r, v, self.penalty_width, self.max_bias_tokens,
+                                  self.max_allowed_tokens)
         if self.speculative:
             f.update(neutral_draft_fields(r))
             if spec is not None:
                 spec.fill_draft_fields(f)
         if variant.structured:  # every token allowed; the runner fills the constrained rows
             f["bitmask"] = np.full((r, bitmask_width(v)), -1, np.int32)
-        return HostArrays(f, variant, self.max_logprobs, self.num_candidates, spec)
+        host = HostArrays(f, variant, self.max_logprobs, self.num_candidates, spec)
+        cacheable = n and plain and not (variant.processors or variant.structured)
+        self._last_host = (list(req_ids), self._rows.version, host) if cacheable else ((), -1, None)
+        return host
 
-    def _fill_processors(self, f: dict[str, np.ndarray], states: list[_ReqState], r: int, v: int) -> None:
-        f["presence_penalty"] = np.zeros(r, np.float32)
-        f["frequency_penalty"] = np.zeros(r, np.float32)
-        f["repetition_penalty"] = np.ones(r, np.float32)
-        f["pen_ids"] = np.full((r, self.penalty_width), v, np.int32)
-        f["pen_counts"] = np.zeros((r, self.penalty_width), np.int32)
-        f["bias_ids"] = np.full((r, self.max_bias_tokens), v, np.int32)
-        f["bias_vals"] = np.zeros((r, self.max_bias_tokens), np.float32)
-        f["allowed_ids"] = np.full((r, self.max_allowed_tokens), v, np.int32)
-        f["has_allowed"] = np.zeros(r, np.bool_)
-        for i, st in enumerate(states):
-            if not st.processors:
-                continue
-            if st.has_penalties:
-                f["presence_penalty"][i], f["frequency_penalty"][i], f["repetition_penalty"][i] = st.penalties
-                k = st.num_pen
-                f["pen_ids"][i, :k] = st.pen_ids[:k]
-                f["pen_counts"][i, :k] = st.pen_counts[:k]
-            # Admission caps the entries at the row width; cut here rather than fail the step.
-            kb = self.max_bias_tokens
-            nb = min(st.bias_ids.size, kb)
-            f["bias_ids"][i, :nb] = st.bias_ids[:nb]
-            f["bias_vals"][i, :nb] = st.bias_vals[:nb]
-            bans = self._banned(st)[: kb - nb]
-            if bans:
-                f["bias_ids"][i, nb:nb + len(bans)] = bans
-                f["bias_vals"][i, nb:nb + len(bans)] = -np.inf
-            if st.allowed is not None:
-                f["allowed_ids"][i, :st.allowed.size] = st.allowed
-                f["has_allowed"][i] = True
-
-    @staticmethod
-    def _banned(st: _ReqState) -> list[int]:
-        """Tokens banned this step: stop ids under min_tokens, bad words whose prefix matches."""
-        bans: list[int] = []
-        if st.stop_ids.size and st.num_output < st.params.min_tokens:
-            bans.extend(st.stop_ids.tolist())
-        for prefix, last in st.bad_words:
-            # vLLM matches the prefix against the output tokens only.
-            if not prefix:
-                bans.append(last)
-            elif len(prefix) <= st.num_output and tuple(st.tail[-len(prefix):]) == prefix:
-                bans.append(last)
-        return bans
+    def _uniforms(self, idx: np.ndarray, steps: np.ndarray, num_rows: int, random: bool) -> np.ndarray:
+        """[num_rows] this step's uniforms: row_uniforms for the sampling rows at slots idx (their
+        output positions: steps), the smallest for greedy and padding rows (all unless `random`)."""
+        u = np.full(num_rows, _MIN_UNIFORM, np.float32)
+        if not random:
+            return u
+        rows = self._rows
+        u[:len(idx)] = np.where(rows.greedy[idx], _MIN_UNIFORM, row_uniforms(rows.stream[idx], steps))
+        return u

@@ -138,6 +138,9 @@ class HostArrays:
     num_candidates: int
     # Speculative rows (sample/spec_rows.py SpecRows) when the step verifies drafts, else None.
     spec_rows: Any = None
+    # packed()'s buffer, made on its first call: the fields are final by then (a constrained
+    # step fills its mask first). Never written after: a program may still be reading it.
+    _packed: np.ndarray | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
     def num_rows(self) -> int:
@@ -150,9 +153,12 @@ class HostArrays:
     def packed(self) -> np.ndarray:
         """Every field in one int32 buffer (floats bit-cast, bools widened): one transfer
         with the body's inputs instead of one per array; unpack_metadata reverses it."""
+        if self._packed is not None:
+            return self._packed
         parts = [a.view(np.int32) if a.dtype == np.float32 else a.astype(np.int32, copy=False)
                  for a in self.fields.values()]
-        return np.concatenate([p.ravel() for p in parts])
+        self._packed = np.concatenate([p.ravel() for p in parts])
+        return self._packed
 
     def to_device(self, sharding=None) -> SamplingMetadata:
         arrays = place_inputs(self.fields, sharding)

@@ -20,6 +20,8 @@ class SamplingRows:
         self._slot: dict[str, int] = {}
         self._free: list[int] = []
         self._last: tuple = (None, None)  # (req_ids, their slots) of the last slots() call
+        # Bumped whenever a row is written or freed: a step's rows are unchanged while it holds.
+        self.version = 0
         self._alloc(capacity)
 
     def _alloc(self, capacity: int) -> None:
@@ -40,6 +42,7 @@ class SamplingRows:
     def add(self, req_id: str, values: dict, need: Sequence[bool]) -> None:
         """(Re)write req_id's row: values holds temperature, top_k, top_p, min_p, stream, greedy."""
         self._last = (None, None)
+        self.version += 1
         slot = self._slot.get(req_id)
         if slot is None:
             if not self._free:
@@ -53,17 +56,20 @@ class SamplingRows:
 
     def remove(self, req_id: str) -> None:
         self._last = (None, None)
+        self.version += 1
         slot = self._slot.pop(req_id, None)
         if slot is not None:
             self._free.append(slot)
 
     def slots(self, req_ids: Sequence[str]) -> np.ndarray:
         """The rows of req_ids; a step asks for the same list several times (variant, metadata,
-        output counts): the last answer is kept until the list or a row changes."""
-        if req_ids is self._last[0]:
-            return self._last[1]
+        output counts) and consecutive decode steps for an equal one: the last answer is kept
+        until the list or a row changes."""
+        last_ids, last_slots = self._last
+        if req_ids is last_ids or req_ids == last_ids:
+            return last_slots
         slots = np.fromiter(map(self._slot.__getitem__, req_ids), np.int64, len(req_ids))
-        self._last = (req_ids, slots)
+        self._last = (list(req_ids), slots)
         return slots
 
     def slot(self, req_id: str) -> int:

@@ -92,7 +92,7 @@ class DraftModelRunner(ModelRunner):
         for j in range(self.k):
             packed = self._draft_step_inputs(batch, rows_a, start + j, T, j == 0)
             hidden, self.kv_caches = self._body[(T, MIXED)](self._param_leaves, self.kv_caches, self._place(packed), prev)
-            out, prev = self._sample[(S, _GREEDY)](self._param_leaves, hidden, self._place(md))
+            out, prev = self._sample[(S, _GREEDY)](self._sampler_leaves, hidden, self._place(md))
             tokens.append(out.sampled_token_ids)
         drafts = np.stack([np.asarray(t)[:R] for t in tokens], axis=1)  # [R, k]
         room = np.clip(self.max_model_len - start - 1, 0, self.k)  # positions past max_model_len

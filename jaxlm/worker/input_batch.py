@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from jaxlm.core.sched_output import NewRequestData, SchedulerOutput
+from jaxlm.worker.decode_inputs import DecodeTemplates
 
 
 # The body's per-step int32 inputs, in their order in StepInputs.packed (one host->device
@@ -73,8 +74,10 @@ class InputBatch:
         self.pending_idx = np.zeros(max_num_reqs, np.int32)
         # Draft tokens scheduled this step (speculative decoding), written past num_tokens.
         self.num_spec = np.zeros(max_num_reqs, np.int32)
+        self._arange = np.arange(max_num_reqs, dtype=np.int32)
         self.req_id_to_row: dict[str, int] = {}
         self._layouts: dict[tuple[int, int, int], tuple[int, list]] = {}
+        self._decode = DecodeTemplates()
         self._free_rows = list(range(max_num_reqs - 1, -1, -1))
 
     def __len__(self) -> int:
@@ -113,10 +116,10 @@ class InputBatch:
         """One token each, sampled but not on the host yet (the i-th of the step's sampled
         tokens); returns (rows, positions) for fill_placeholders."""
         rows = np.fromiter(map(self.req_id_to_row.__getitem__, req_ids), np.int64, len(req_ids))
-        pos = self.num_tokens[rows].copy()
+        pos = self.num_tokens[rows]  # a copy (fancy index)
         self.pending_pos[rows] = pos
-        self.pending_idx[rows] = np.arange(len(req_ids), dtype=np.int32)
-        self.num_tokens[rows] += 1
+        self.pending_idx[rows] = self._arange[: len(req_ids)]
+        self.num_tokens[rows] = pos + 1
         return rows, pos
 
     def fill_placeholders(self, req_ids: list[str], rows: np.ndarray, pos: np.ndarray,
@@ -125,9 +128,11 @@ class InputBatch:
         returns that mask (a request that left meanwhile is skipped)."""
         now = np.fromiter(map(self.req_id_to_row.get, req_ids, itertools.repeat(-1)), np.int64, len(req_ids))
         live = now == rows
-        rows, pos = rows[live], pos[live]
-        self.token_ids[rows, pos] = token_ids[live]
-        self.pending_pos[rows] = np.where(self.pending_pos[rows] == pos, -1, self.pending_pos[rows])
+        if not live.all():
+            rows, pos, token_ids = rows[live], pos[live], token_ids[live]
+        self.token_ids[rows, pos] = token_ids
+        pending = self.pending_pos[rows]
+        self.pending_pos[rows] = np.where(pending == pos, -1, pending)
         return live
 
     def update_states(self, so: SchedulerOutput) -> list[str]:
@@ -173,14 +178,25 @@ class InputBatch:
             self._layouts[key] = (offset, layout)
         return self._layouts[key]
 
+    @staticmethod
+    def _is_decode(so: SchedulerOutput, start: np.ndarray) -> bool:
+        """One token per request, each with context and no draft to verify (a verify step has
+        1 + k tokens per request and samples each): DecodeTemplates' shorter path applies."""
+        return (not so.scheduled_spec_decode_tokens and so.total_num_scheduled_tokens == len(start)
+                and bool(start.all()))
+
     def prepare_inputs(
         self, so: SchedulerOutput, num_tokens_padded: int, num_rows_padded: int, sample_capacity: int
     ) -> StepInputs:
         req_ids = list(so.num_scheduled_tokens)
         n = len(req_ids)
         rows = np.fromiter(map(self.req_id_to_row.__getitem__, req_ids), np.int64, n)
-        n_sched = np.fromiter(so.num_scheduled_tokens.values(), np.int32, n)
         start = self.num_computed_tokens[rows]
+        if self._is_decode(so, start):
+            packed, x, sample_req_ids = self._decode.prepare(
+                self, req_ids, rows, start, num_tokens_padded, num_rows_padded, sample_capacity)
+            return StepInputs(req_ids=req_ids, num_tokens=n, sample_req_ids=sample_req_ids, packed=packed, **x)
+        n_sched = np.fromiter(so.num_scheduled_tokens.values(), np.int32, n)
         # One-token (decode) rows first: attention runs those leading rows as mat-vecs and
         # tiles the rest (jaxlm/attention/xla_backend.py). No sort when already in that order.
         multi = n_sched != 1

@@ -41,9 +41,7 @@ scheduling); `step_timer` (benchmarks only) gets a lap at each boundary of the s
 
 from __future__ import annotations
 
-import functools
 import logging
-import math
 import time
 from typing import Any, Callable
 
@@ -68,10 +66,12 @@ from jaxlm.worker.buckets import (
     PaddingStats, decode_buckets, default_seq_buckets, default_token_buckets, pick_bucket,
     prompt_logprobs_buckets, validate_buckets)
 from jaxlm.worker.compile_guard import CompileGuard
+from jaxlm.worker.compile_jobs import compile_jobs
 from jaxlm.worker.input_batch import InputBatch, StepInputs
 from jaxlm.worker.request_states import RequestStates
 from jaxlm.worker.step_handle import StepHandle
-from jaxlm.worker.step_programs import DECODE, MD_FIELDS, MIXED, PROMPT_LOGPROBS, gathered, kernel_constraints, unpack
+from jaxlm.worker.step_programs import (
+    DECODE, MD_FIELDS, MIXED, PROMPT_LOGPROBS, gathered, kernel_constraints, leaves_read, unpack, with_unread)
 
 logger = logging.getLogger(__name__)
 
@@ -222,10 +222,11 @@ class ModelRunner:
         merge, replicated, treedef, sampler = self._merge_for_sampler, self._replicated, self._param_treedef, self.sampler_fn
         layout, static = md.layout(), (md.variant, md.max_logprobs, md.num_candidates)
         pad = self.sample_capacity - num_rows
+        index, like = self._sampler_leaf_index, self._param_leaves
 
-        def logits_and_sample(leaves, hidden, packed_md):
+        def logits_and_sample(read_leaves, hidden, packed_md):
             sampling_md = unpack_metadata(packed_md, layout, *static)
-            model = merge(jax.tree.unflatten(treedef, leaves))
+            model = merge(jax.tree.unflatten(treedef, with_unread(read_leaves, index, like)))
             logits = model.compute_logits(hidden[:num_rows])
             out = sampler(gathered(logits, replicated), sampling_md)
             # The next step's decode rows read their input ids from here (async scheduling).
@@ -240,9 +241,15 @@ class ModelRunner:
         """The model the sampler traces (the pipeline runner adds the other stages' abstract params)."""
         return nnx.merge(self.graphdef, params)
 
-    def _abstract_packed(self, T: int, kind: str) -> jax.ShapeDtypeStruct:
-        size = sum(math.prod(shape) for shape in self._step_shapes(T, kind).values())
-        return jax.ShapeDtypeStruct((size,), jnp.int32, sharding=self._replicated)
+    def _find_sampler_leaves(self, leaves_spec: list[Any], hidden_spec: Any) -> None:
+        """Which param leaves the sampler programs read (set before they are traced)."""
+        merge, treedef = self._merge_for_sampler, self._param_treedef
+        logits = lambda leaves, h: merge(jax.tree.unflatten(treedef, leaves)).compute_logits(h)  # noqa: E731
+        self._sampler_leaf_index = leaves_read(logits, leaves_spec, hidden_spec)
+
+    @property
+    def _sampler_leaves(self) -> list[Any]:
+        return [self._param_leaves[i] for i in self._sampler_leaf_index]
 
     def warm_up(self) -> None:
         """Compile every program the buckets can ask for, ahead of serving (one progress bar)."""
@@ -256,28 +263,7 @@ class ModelRunner:
 
     def compile_jobs(self) -> list[Callable[[], None]]:
         """One callable per program: each compiles it and keeps the executable."""
-        spec = lambda tree: jax.tree.map(  # noqa: E731
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
-        kv_spec, params_spec = spec(self.kv_caches), spec(self._param_leaves)
-        body_jit = lambda T, kind: jax.jit(self._body_fn(T, kind), donate_argnums=(1,))  # noqa: E731
-        T0 = self.token_buckets[0]
-        hidden_sel, _ = jax.eval_shape(body_jit(T0, MIXED), params_spec, kv_spec, self._abstract_packed(T0, MIXED),
-                                       jax.ShapeDtypeStruct((self.sample_capacity,), jnp.int32))
-        hidden_sel = jax.ShapeDtypeStruct(hidden_sel.shape, hidden_sel.dtype, sharding=self._replicated)
-        self._last_tokens = self._put(np.zeros(self.sample_capacity, np.int32))
-        tokens_spec = jax.ShapeDtypeStruct((self.sample_capacity,), jnp.int32, sharding=self._replicated)
-
-        def body(key: tuple[int, str]) -> None:
-            lowered = body_jit(*key).lower(params_spec, kv_spec, self._abstract_packed(*key), tokens_spec)
-            self._body[key] = lowered.compile()
-
-        def sampler(key: tuple[int, SamplerVariant]) -> None:
-            md = self.sampling.build_host([], *key)
-            md_spec = jax.ShapeDtypeStruct(md.packed().shape, jnp.int32, sharding=self._replicated)
-            self._sample[key] = jax.jit(self._sample_fn(key[0], md)).lower(params_spec, hidden_sel, md_spec).compile()
-
-        jobs = [functools.partial(body, (T, kind)) for kind, buckets in self.body_buckets().items() for T in buckets]
-        return jobs + [functools.partial(sampler, (S, v)) for S in self.seq_buckets for v in self.sampling.variants()]
+        return compile_jobs(self)
 
     # ---- one step -------------------------------------------------------------------------
 
@@ -354,7 +340,7 @@ class ModelRunner:
         if md_in is None:  # constrained: the mask is filled while the body runs, then sent
             self.grammars.fill_bitmask(host_md.fields, inputs.sample_req_ids, host_md.spec_rows)
             md_in = self._place(host_md.packed())
-        out, self._last_tokens = self._sample[(S, host_md.variant)](self._param_leaves, hidden, md_in)
+        out, self._last_tokens = self._sample[(S, host_md.variant)](self._sampler_leaves, hidden, md_in)
         self.padding.record_samples(inputs.num_sampled_rows, S)
         placed = self.input_batch.append_placeholders(inputs.sample_req_ids)
         self.sampling.count_outputs(inputs.sample_req_ids)

@@ -179,6 +179,8 @@ class PipelineModelRunner(ModelRunner):
         self._acc0 = jnp.zeros((self.sample_capacity, hidden_size), dtype, device=self._replicated)
         self._last_tokens = self._put(np.zeros(self.sample_capacity, np.int32))  # unused: no async steps
         acc, leaves = _abstract(self._acc0), _abstract(self._param_leaves)
+        self._find_sampler_leaves(leaves, acc)
+        leaves = [leaves[i] for i in self._sampler_leaf_index]
         jobs = [(s, T, kind) for s in range(self.pp) for kind, buckets in self.body_buckets().items() for T in buckets]
         jobs += [(None, S, v) for S in self.seq_buckets for v in self.sampling.variants()]
         for s, key, kind in tqdm(jobs, desc="Compiling pipeline stages", unit="program"):

@@ -39,6 +39,8 @@ class PromptLogprobsTracker:
         self._reqs.pop(req_id, None)
 
     def owes_any(self, req_ids) -> bool:
+        if not self._reqs:  # the usual step: no request asked for prompt logprobs
+            return False
         return any(r in self._reqs and not self._reqs[r].done for r in req_ids)
 
     def wanted(self, req_ids: list[str]) -> list[int]:

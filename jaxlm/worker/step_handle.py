@@ -41,9 +41,13 @@ class StepHandle:
         req_ids = inputs.req_ids
         sampled, logprobs = self._sample_tokens()
         prompt_logprobs = self._prompt_logprobs() if self.prompt_lps is not None else {}
-        # One token per sampling request, in req_ids order (sample_req_ids keeps that order).
-        wanted = set(inputs.sample_req_ids)
-        num_sampled = np.fromiter(map(wanted.__contains__, req_ids), np.int32, len(req_ids))
+        # One token per sampling request, in req_ids order (sample_req_ids keeps that order;
+        # it is req_ids itself when every request samples, the usual decode step).
+        if inputs.sample_req_ids is req_ids:
+            num_sampled = np.ones(len(req_ids), np.int32)
+        else:
+            wanted = set(inputs.sample_req_ids)
+            num_sampled = np.fromiter(map(wanted.__contains__, req_ids), np.int32, len(req_ids))
         return ModelRunnerOutput(
             req_ids=req_ids,
             req_id_to_index=dict(zip(req_ids, range(len(req_ids)))),
@@ -67,16 +71,16 @@ class StepHandle:
             timer.lap("wait")
         live = states.input_batch.fill_placeholders(req_ids, *self.placed, token_ids)
         if live.all():
-            states.sampling.record_tokens(req_ids, token_ids.tolist())
+            states.sampling.record_tokens(req_ids, token_ids)
         else:
-            states.sampling.record_tokens(list(itertools.compress(req_ids, live)), token_ids[live].tolist())
+            states.sampling.record_tokens(list(itertools.compress(req_ids, live)), token_ids[live])
         logprobs = None
         if out.logprob_token_ids is not None:
             logprobs = LogprobsLists(*(np.asarray(a)[:n] for a in (out.logprob_token_ids, out.logprobs,
                                                                     out.sampled_token_ranks)))
         if timer:
             timer.lap("output")
-        return token_ids.astype(np.int32), logprobs
+        return token_ids.astype(np.int32, copy=False), logprobs
 
     def _prompt_logprobs(self) -> dict[str, LogprobsLists]:
         """Logprobs of the prompt positions computed this step that were not delivered yet."""

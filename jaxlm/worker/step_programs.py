@@ -40,3 +40,21 @@ def kernel_constraints(model: nnx.Module, block_size: int, head_dim: int) -> Any
     backend = getattr(model, "attn_backend", None)  # what the model's attention layers call
     c = backend.constraints(block_size, head_dim) if backend is not None else None
     return c if c is not None and c.supported else None
+
+
+def leaves_read(fn: Any, leaves: list[Any], *args: Any) -> list[int]:
+    """Indices of the `leaves` that fn(leaves, *args) reads (traced once, abstract values): a
+    compiled program's call costs per argument, so the sampler is handed only the parameters
+    its logits need (the LM head or the tied embedding), not the whole model."""
+    jaxpr = jax.make_jaxpr(fn)(leaves, *args).jaxpr
+    read = {id(v) for eqn in jaxpr.eqns for v in eqn.invars} | {id(v) for v in jaxpr.outvars}
+    return [i for i, v in enumerate(jaxpr.invars[:len(leaves)]) if id(v) in read]
+
+
+def with_unread(read: list[Any], index: list[int], like: list[Any]) -> list[Any]:
+    """Inside a program: the full leaf list from the leaves it was handed (`read`, at `index`);
+    the others are zeros nothing reads (XLA drops them)."""
+    full = [jax.numpy.zeros(x.shape, x.dtype) for x in like]
+    for i, leaf in zip(index, read):
+        full[i] = leaf
+    return full

@@ -116,3 +116,36 @@ def test_variant_is_the_cheapest_serving_cover():
 def test_no_cover_is_a_clear_error():
     with pytest.raises(ValueError, match="covers"):
         covering_variant(SamplerVariant(processors=True), (SamplerVariant(),))
+
+
+def test_consecutive_steps_of_one_batch_reuse_rows_but_never_stale_values():
+    """The last step's metadata is reused for the same rows (decode steps of one batch): the
+    uniforms of sampling rows still move on with their outputs, and an added, removed or
+    rewritten row is never served from the old metadata."""
+    cached = SamplingInputBuilder(V, 64, variants=SERVING_VARIANTS)
+
+    def fresh_build(ids, rows, variant):
+        cached._last_host, cached._last_variant = ((), -1, None), ((), -1, None)
+        return cached.build_host(ids, rows, variant).packed()
+
+    cached.add_request("g", SamplingParams(temperature=0.0), [1])
+    cached.add_request("s", SamplingParams(temperature=0.8, top_p=0.9, seed=3), [1])
+    for ids in (["g"], ["g", "s"], ["g", "s"], ["s", "g"]):
+        for _ in range(3):
+            variant = cached.variant_of(list(ids))
+            got = cached.build_host(list(ids), 8, variant).packed().copy()
+            assert np.array_equal(got, fresh_build(list(ids), 8, cached.variant_of(list(ids))))
+            cached.count_outputs(ids)  # the next step's uniform differs for "s"
+    greedy = cached.build_host(["g"], 8, cached.variant_of(["g"]))
+    assert cached.build_host(["g"], 8, cached.variant_of(["g"])) is greedy  # reused as it is
+    # The row rewritten (a preempted request re-added with other params): never the old values.
+    before = cached.build_host(["g", "s"], 8, cached.variant_of(["g", "s"]))
+    cached.remove_request("s")
+    cached.add_request("s", SamplingParams(temperature=0.5, top_p=0.5, seed=1), [1])
+    variant = cached.variant_of(["g", "s"])
+    assert variant == before.variant
+    assert cached.build_host(["g", "s"], 8, variant).fields["temperature"][1] == np.float32(0.5)
+    assert not cached.variant_of(["g"]).random
+    cached.remove_request("g")
+    cached.add_request("g", SamplingParams(temperature=0.7), [1])
+    assert cached.variant_of(["g"]).random
