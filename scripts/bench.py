@@ -326,7 +326,8 @@ def main(argv: list[str] | None = None) -> None:
 
         ints = lambda s: [int(n) for n in s.split(",") if n]  # noqa: E731
         bench_prefill.bench_prefill(args.model, ints(args.prefill_lens), args.prefill_reps, ints(args.prefill_profile),
-                                    args.prefix_len, args.suffix_len, args.workdir, args.json, args.max_num_seqs)
+                                    args.prefix_len, args.suffix_len, args.workdir, args.json, args.max_num_seqs,
+                                    args.max_num_batched_tokens)
         return
     if args.sampling:
         bench_engine.bench_sampling(args.model, args.dtype)

@@ -218,7 +218,7 @@ def profile_prefill(llm, n: int, draw: Callable[[int], list[int]]) -> list[tuple
 
 def bench_prefill(model: str | None, lens: list[int], reps: int, profile: list[int],
                   prefix: int, suffix: int, workdir: str, json_path: str | None = None,
-                  max_num_seqs: int | None = None) -> dict:
+                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None) -> dict:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     import torch
     import transformers
@@ -231,7 +231,8 @@ def bench_prefill(model: str | None, lens: list[int], reps: int, profile: list[i
     hf = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
     with torch.no_grad():
         hf(torch.tensor([list(range(100, 164))]), logits_to_keep=1)  # first-call set-up
-    llm = LLM(model=ckpt, enable_prefix_caching=True, **({"max_num_seqs": max_num_seqs} if max_num_seqs else {}))
+    kw = {k: v for k, v in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens)) if v}
+    llm = LLM(model=ckpt, enable_prefix_caching=True, **kw)
     runner = llm.llm_engine.get_model_runner()
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
                 if line.startswith("model name")), "?") if os.path.exists("/proc/cpuinfo") else "?"
