@@ -7,6 +7,7 @@
     python scripts/bench.py --sampling                        # decode with every sampling filter on vs greedy
     python scripts/bench.py --structured                      # decode under a JSON schema vs none, batch 1 and 16
     python scripts/bench.py --host-overhead                   # tiny model: ms per decode step at batch 1/8/64, by part
+    python scripts/bench.py --speculative-config '{"method": "ngram", "num_speculative_tokens": 4}'  # vs none
     python scripts/bench.py --lora-modules [NAME=PATH ...]    # batch-64 decode: base vs 4 adapters, adapter load time
     python scripts/bench.py --lora-delta                      # the LoRA delta's candidate forms at SmolLM2's shapes
     python scripts/bench.py --moe --vs-hf                     # synthetic MoE: 64 vs 8 experts, EP=4 bytes, vs HF
@@ -270,6 +271,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--structured", action="store_true", help="decode under a JSON schema vs none")
     p.add_argument("--host-overhead", action="store_true",
                    help="ms per decode step of a tiny model at batch 1/8/64, by part, sync and async scheduling")
+    p.add_argument("--speculative-config", type=json.loads, default=None,
+                   help="compare speculative decoding (vLLM's JSON object) with none (scripts/bench_spec.py)")
+    p.add_argument("--spec-workload", choices=("copy", "novel", "random", "mixed"), default="copy")
+    p.add_argument("--spec-batch", type=int, default=1, help="max_num_seqs of the speculative comparison")
+    p.add_argument("--spec-also", type=json.loads, nargs="*", default=[],
+                   help="more speculating engines: fields over --speculative-config, e.g. '{\"disable_by_batch_size\": 16}'")
+    p.add_argument("--spec-reps", type=int, default=3, help="runs of each engine, in turn (medians)")
     p.add_argument("--lora-modules", nargs="*", default=None, metavar="NAME=PATH",
                    help="LoRA figures with these adapters (none given: random ones of --lora-rank)")
     p.add_argument("--lora-rank", type=int, default=16, help="rank of the random adapters (and max_lora_rank)")
@@ -323,6 +331,18 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.sampling:
         bench_engine.bench_sampling(args.model, args.dtype)
+        return
+    if args.speculative_config is not None:
+        import bench_spec  # scripts/bench_spec.py
+
+        cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+        print(f"CPU {cpu}, {os.cpu_count()} cores, load average {os.getloadavg()}", flush=True)
+        res = bench_spec.bench_spec(args.model, args.speculative_config, args.spec_workload, args.spec_batch,
+                                    args.spec_also, args.spec_reps, args.dtype)
+        print(f"load average after: {os.getloadavg()}")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(res, f, indent=2)
         return
     if args.moe:
         import bench_moe  # scripts/bench_moe.py

@@ -16,6 +16,7 @@ from jaxlm.config.model import ModelConfig
 from jaxlm.config.observability import ObservabilityConfig
 from jaxlm.config.parallel import ParallelConfig
 from jaxlm.config.scheduler import SchedulerConfig
+from jaxlm.config.speculative import SpeculativeConfig
 from jaxlm.config.utils import (
     ATTENTION_BACKENDS, DTYPE_ALIASES, DTYPES, LOAD_FORMATS, arg, human_readable_int, jaxlm_cache_root,
     parse_bytes, parse_int_list, parse_json_list, parse_json_object, parse_token_buckets)
@@ -23,6 +24,6 @@ from jaxlm.config.utils import (
 __all__ = [
     "ARG_CONFIGS", "ATTENTION_BACKENDS", "CacheConfig", "CompilationConfig", "DTYPES", "DTYPE_ALIASES",
     "EngineConfig", "LOAD_FORMATS", "LoRAConfig", "LoadConfig", "ModelConfig", "ObservabilityConfig", "ParallelConfig",
-    "SchedulerConfig", "arg", "arg_fields", "human_readable_int", "jaxlm_cache_root", "parse_bytes",
-    "parse_int_list", "parse_json_list", "parse_json_object", "parse_token_buckets",
+    "SchedulerConfig", "SpeculativeConfig", "arg", "arg_fields", "human_readable_int", "jaxlm_cache_root",
+    "parse_bytes", "parse_int_list", "parse_json_list", "parse_json_object", "parse_token_buckets",
 ]

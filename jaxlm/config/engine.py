@@ -12,7 +12,8 @@ from jaxlm.config.model import ModelConfig
 from jaxlm.config.observability import ObservabilityConfig
 from jaxlm.config.parallel import ParallelConfig
 from jaxlm.config.scheduler import SchedulerConfig
-from jaxlm.config.utils import ATTENTION_BACKENDS, arg
+from jaxlm.config.speculative import SpeculativeConfig
+from jaxlm.config.utils import ATTENTION_BACKENDS, arg, parse_json_object
 
 
 @dataclasses.dataclass
@@ -29,8 +30,12 @@ class EngineConfig:
                                  choices=ATTENTION_BACKENDS)
     observability_config: ObservabilityConfig = dataclasses.field(default_factory=ObservabilityConfig)
     lora_config: LoRAConfig = dataclasses.field(default_factory=LoRAConfig)
+    speculative_config: SpeculativeConfig | None = arg(
+        None, "speculative decoding, vLLM's JSON object, e.g. '{\"method\": \"ngram\", "
+              "\"num_speculative_tokens\": 4}' (methods ngram, draft_model)", parse=parse_json_object)
 
     def __post_init__(self) -> None:
+        self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
         if self.lora_config.enable_lora and self.parallel_config.pipeline_parallel_size > 1:
             raise ValueError("enable_lora with pipeline_parallel_size > 1 is not supported yet")
 

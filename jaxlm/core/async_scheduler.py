@@ -50,8 +50,10 @@ class AsyncScheduler(Scheduler):
             self.host_loop_req_ids.add(request.request_id)
 
     def needs_sync_step(self) -> bool:
-        """Whether the next step must wait for the previous one's tokens (see needs_host_in_loop)."""
-        return bool(self.host_loop_req_ids)
+        """Whether the next step must wait for the previous one's tokens (see needs_host_in_loop;
+        a step that speculates, or may: its proposer drafts from the last token)."""
+        speculating = self.spec is not None and (self._spec_step or self.spec.active(len(self.running)))
+        return bool(self.host_loop_req_ids) or speculating
 
     def _update_after_schedule(self, output: SchedulerOutput) -> None:
         # C-level maps, no numpy: its fixed cost per call outweighs the work at small batches.
@@ -59,10 +61,15 @@ class AsyncScheduler(Scheduler):
         reqs = list(map(self.requests.__getitem__, scheduled))
         computed = list(map(operator.add, map(_computed, reqs), scheduled.values()))
         placeholders = list(map(_placeholders, reqs))
+        sampled_upto = computed
+        if output.scheduled_spec_decode_tokens:  # a verify step samples where its drafts start
+            num_spec = map(len, map(output.scheduled_spec_decode_tokens.get, scheduled, itertools.repeat(())))
+            sampled_upto = list(map(operator.sub, computed, num_spec))
         # A request whose computed tokens reach its end samples: that token is in flight.
         ends = map(operator.add, map(len, map(_all_tokens, reqs)), placeholders)
         set_all(reqs, "num_computed_tokens", computed)
-        set_all(reqs, "num_output_placeholders", list(map(operator.add, placeholders, map(operator.eq, computed, ends))))
+        set_all(reqs, "num_output_placeholders",
+                list(map(operator.add, placeholders, map(operator.eq, sampled_upto, ends))))
 
     def _num_tokens_to_compute(self, request: Request) -> int:
         # Nothing more once the tokens in flight reach the request's limit. (Fields, not the

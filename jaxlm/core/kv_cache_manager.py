@@ -109,17 +109,20 @@ class KVCacheManager:
         request: Request,
         num_new_tokens: int,
         new_computed_blocks: list[KVCacheBlock] | None = None,
+        num_lookahead_tokens: int = 0,
     ) -> list[KVCacheBlock] | None:
         """Make room for ``num_new_tokens`` after the request's computed tokens.
 
         ``new_computed_blocks`` are prefix-cache hits of a request being admitted (it holds no
-        blocks yet). Returns the newly allocated blocks (not the hits), or None when the free
-        list is too short, in which case nothing changes.
+        blocks yet). ``num_lookahead_tokens``: slots past those (a draft model proposing).
+        Returns the newly allocated blocks (not the hits), or None when the free list is too
+        short, in which case nothing changes.
         """
         if num_new_tokens <= 0:
             raise ValueError(f"num_new_tokens must be > 0, got {num_new_tokens}")
         rid = request.request_id
         req_blocks = self.req_to_blocks.get(rid)
+        num_new_tokens += num_lookahead_tokens
         if not new_computed_blocks and req_blocks is not None:
             # Hot path (a running request): usually a decode token that fits its last block.
             num_tokens = request.num_computed_tokens + num_new_tokens

@@ -45,6 +45,9 @@ class ModelRunnerOutput:
     # Requests whose structured-output grammar accepts nothing more after this step's token:
     # the scheduler finishes them with "stop" (before ignore_eos, min_tokens and the length cap).
     grammar_terminated_req_ids: set[str] = dataclasses.field(default_factory=set)
+    # Speculative decoding: per request (req_ids order), the tokens drafted for its next step
+    # (None when the runner proposed nothing).
+    spec_token_ids: list[list[int]] | None = None
 
     @classmethod
     def from_lists(cls, req_ids: list[str], sampled_token_ids: list[list[int]], **kwargs) -> "ModelRunnerOutput":

@@ -62,6 +62,8 @@ class Request:
     scheduled_ts: float | None = None
     # Async scheduling: tokens sampled by steps in flight, not yet appended (AsyncScheduler).
     num_output_placeholders: int = 0
+    # Speculative decoding: tokens the proposer drafted after the last step (core/spec_decode.py).
+    spec_token_ids: list[int] = dataclasses.field(default_factory=list, repr=False)
     # Filled by add_request: max_tokens (None in the params = up to max_model_len).
     max_tokens: int | None = None
     # Chained hashes of the full blocks seen so far (extended lazily by the KVCacheManager).

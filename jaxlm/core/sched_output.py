@@ -41,6 +41,11 @@ class SchedulerOutput:
     # Requests finished/aborted/preempted since the last step: the runner drops their state.
     finished_req_ids: set[str]
     preempted_req_ids: set[str] = dataclasses.field(default_factory=set)
+    # Speculative decoding (vLLM's name): req_id -> the draft tokens verified this step; that
+    # request's num_scheduled_tokens counts them (1 + len(drafts)).
+    scheduled_spec_decode_tokens: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    # Whether the runner proposes drafts after this step (the step speculates: it runs synchronously).
+    propose_draft_tokens: bool = False
 
     @property
     def is_empty(self) -> bool:

@@ -5,7 +5,8 @@ token each, or the next chunk of a prompt), then waiting requests in FCFS order 
 budget, max_num_seqs and free blocks allow. When a running request needs a block and none is
 free, the newest running request is preempted (its blocks freed, recomputed later). Under
 --scheduling-policy priority the waiting queue is ordered by (priority, arrival) and the
-victim is the worst running request (core/request_queue.py).
+victim is the worst running request (core/request_queue.py). Speculative decoding adds draft
+tokens to running decode requests (core/spec_decode.py).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Iterable
 
 import numpy as np
 
-from jaxlm.config import CacheConfig, LoRAConfig, SchedulerConfig
+from jaxlm.config import CacheConfig, LoRAConfig, SchedulerConfig, SpeculativeConfig
 from jaxlm.core import step_update
 from jaxlm.core.kv_cache_manager import KVCacheManager
 from jaxlm.core.lora_admission import LoRAAdmission, lora_counts
@@ -26,6 +27,7 @@ from jaxlm.core.outputs import EngineCoreOutput, EngineCoreOutputBatch, FinishRe
 from jaxlm.core.request import Request, RequestStatus
 from jaxlm.core.request_queue import RequestQueue, create_request_queue
 from jaxlm.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
+from jaxlm.core.spec_decode import SpecDecodeScheduling
 from jaxlm.core.stats import SchedulerStats
 
 logger = logging.getLogger(__name__)
@@ -35,7 +37,8 @@ _all_tokens = operator.attrgetter("all_token_ids")
 
 class Scheduler:
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
-                 lora_config: LoRAConfig | None = None) -> None:
+                 lora_config: LoRAConfig | None = None,
+                 speculative_config: SpeculativeConfig | None = None) -> None:
         if cache_config.num_gpu_blocks is None:
             raise ValueError("cache_config.num_gpu_blocks must be set before building the Scheduler")
         self.scheduler_config = scheduler_config
@@ -59,6 +62,9 @@ class Scheduler:
         # The last decode step's requests, as core/decode_update.py reuses them.
         self._decode_batch = None
         self.num_preemptions = 0
+        # Speculative decoding (core/spec_decode.py); whether the step being scheduled speculates.
+        self.spec = SpecDecodeScheduling(speculative_config) if speculative_config is not None else None
+        self._spec_step = False
         # LoRA: at most max_loras distinct adapters running (jaxlm/core/lora_admission.py).
         self.lora = LoRAAdmission(lora_config.max_loras) if lora_config and lora_config.enable_lora else None
 
@@ -102,7 +108,9 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         num_scheduled_tokens: dict[str, int] = {}
         cached = CachedRequestData()
-        token_budget, preempted_reqs = self._schedule_running(num_scheduled_tokens, cached)
+        self._spec_step = self.spec is not None and self.spec.active(len(self.running))
+        spec_tokens: dict[str, list[int]] = {}
+        token_budget, preempted_reqs = self._schedule_running(num_scheduled_tokens, cached, spec_tokens)
         new_reqs_data: list[NewRequestData] = []
         if not preempted_reqs:  # after a preemption blocks are short this step: no admissions
             token_budget = self._schedule_waiting(token_budget, num_scheduled_tokens, new_reqs_data)
@@ -113,6 +121,8 @@ class Scheduler:
             total_num_scheduled_tokens=self.max_num_batched_tokens - token_budget,
             finished_req_ids=self.finished_req_ids,
             preempted_req_ids={r.request_id for r in preempted_reqs},
+            scheduled_spec_decode_tokens=spec_tokens,
+            propose_draft_tokens=self._spec_step,
         )
         self.finished_req_ids = set()
         self._update_after_schedule(output)
@@ -126,8 +136,11 @@ class Scheduler:
     def _num_tokens_to_compute(self, request: Request) -> int:
         return request.num_tokens - request.num_computed_tokens
 
-    def _schedule_running(self, num_scheduled_tokens: dict[str, int],
-                          cached: CachedRequestData) -> tuple[int, list[Request]]:
+    def _lookahead(self, request: Request, num_new_tokens: int) -> int:
+        return self.spec.lookahead(request, num_new_tokens, self.max_model_len) if self._spec_step else 0
+
+    def _schedule_running(self, num_scheduled_tokens: dict[str, int], cached: CachedRequestData,
+                          spec_tokens: dict[str, list[int]]) -> tuple[int, list[Request]]:
         """Running requests: decode tokens and remaining prompt chunks, preempting the newest
         when blocks run out (the policy's victim). Returns (token budget left, preempted requests)."""
         token_budget = self.max_num_batched_tokens
@@ -145,8 +158,13 @@ class Scheduler:
                 logger.warning("Request %s has no token to compute", request.request_id)
                 req_index += 1
                 continue
+            drafts = (self.spec.drafts_for(request, num_new_tokens, token_budget, self.max_model_len)
+                      if self._spec_step else [])
+            request.spec_token_ids = []
+            num_new_tokens += len(drafts)
             while True:
-                new_blocks = kv.allocate_slots(request, num_new_tokens)
+                new_blocks = kv.allocate_slots(request, num_new_tokens,
+                                               num_lookahead_tokens=self._lookahead(request, num_new_tokens))
                 if new_blocks is not None:
                     break
                 victim_index = self.waiting.preemption_victim(self.running)
@@ -154,6 +172,7 @@ class Scheduler:
                 if victim_index < req_index:  # scheduled earlier in this step (priority): undo it
                     req_index -= 1
                     token_budget += _unschedule(victim.request_id, num_scheduled_tokens, cached)
+                    spec_tokens.pop(victim.request_id, None)
                 self._preempt(victim)
                 preempted_reqs.append(victim)
                 if victim is request:
@@ -161,6 +180,8 @@ class Scheduler:
             if new_blocks is None:
                 break
             num_scheduled_tokens[request.request_id] = num_new_tokens
+            if drafts:
+                spec_tokens[request.request_id] = drafts
             token_budget -= num_new_tokens
             cached.req_ids.append(request.request_id)
             cached.new_block_ids.append([b.block_id for b in new_blocks] if new_blocks else [])
@@ -184,7 +205,8 @@ class Scheduler:
                 continue
             computed_blocks, num_computed = kv.get_computed_blocks(request)
             num_new_tokens = min(request.num_tokens - num_computed, token_budget)
-            new_blocks = kv.allocate_slots(request, num_new_tokens, computed_blocks)
+            new_blocks = kv.allocate_slots(request, num_new_tokens, computed_blocks,
+                                           self._lookahead(request, num_computed + num_new_tokens))
             if new_blocks is None:
                 if not self.running:
                     # Nothing holds a block, so it can never fit: drop it rather than spin.
@@ -220,6 +242,7 @@ class Scheduler:
         self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        request.spec_token_ids = []
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.prepend_request(request)
@@ -347,6 +370,7 @@ class Scheduler:
             prefix_cache_queries=pc.queries,
             prefix_cache_hits=pc.hits,
             num_preemptions=self.num_preemptions,
+            spec_decoding_stats=self.spec.stats.copy() if self.spec is not None else None,
             running_lora_adapters=lora_counts(self.running) if self.lora else {},
             waiting_lora_adapters=lora_counts(self.waiting) if self.lora else {},
         )

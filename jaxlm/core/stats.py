@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 
 @dataclasses.dataclass
 class PrefixCacheStats:
@@ -22,6 +24,59 @@ class PrefixCacheStats:
 
 
 @dataclasses.dataclass
+class SpecDecodingStats:
+    """Cumulative speculative-decoding counters (vLLM's names): a draft is one request's drafted
+    tokens verified in one step; accepted per position counts drafts whose i-th token was accepted."""
+
+    num_spec_tokens: int = 0
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    num_accepted_tokens_per_pos: list[int] = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def new(cls, num_spec_tokens: int) -> "SpecDecodingStats":
+        return cls(num_spec_tokens=num_spec_tokens, num_accepted_tokens_per_pos=[0] * num_spec_tokens)
+
+    def observe_draft(self, num_draft_tokens: int, num_accepted_tokens: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted_tokens
+        for i in range(num_accepted_tokens):
+            self.num_accepted_tokens_per_pos[i] += 1
+
+    def observe_drafts(self, num_draft_tokens: np.ndarray, num_accepted_tokens: np.ndarray) -> None:
+        """Many drafts at once (one per speculating request of a step)."""
+        self.num_drafts += len(num_draft_tokens)
+        self.num_draft_tokens += int(num_draft_tokens.sum())
+        self.num_accepted_tokens += int(num_accepted_tokens.sum())
+        k = len(self.num_accepted_tokens_per_pos)
+        # Drafts with more than j accepted tokens, for each position j.
+        more = np.cumsum(np.bincount(np.minimum(num_accepted_tokens, k), minlength=k + 1)[::-1])[::-1]
+        for j in range(k):
+            self.num_accepted_tokens_per_pos[j] += int(more[j + 1])
+
+    def copy(self) -> "SpecDecodingStats":
+        return dataclasses.replace(self, num_accepted_tokens_per_pos=list(self.num_accepted_tokens_per_pos))
+
+
+def merge_spec_decoding_stats(stats: list[SpecDecodingStats | None]) -> SpecDecodingStats | None:
+    """Sums over engine cores (None when no core speculates)."""
+    stats = [s for s in stats if s is not None]
+    if not stats:
+        return None
+    k = max(s.num_spec_tokens for s in stats)
+    total = SpecDecodingStats.new(k)
+    for s in stats:
+        total.num_drafts += s.num_drafts
+        total.num_draft_tokens += s.num_draft_tokens
+        total.num_accepted_tokens += s.num_accepted_tokens
+        for i, n in enumerate(s.num_accepted_tokens_per_pos):
+            total.num_accepted_tokens_per_pos[i] += n
+    return total
+
+
+@dataclasses.dataclass
 class SchedulerStats:
     num_running_reqs: int = 0
     num_waiting_reqs: int = 0
@@ -32,6 +87,8 @@ class SchedulerStats:
     prefix_cache_hits: int = 0
     # Cumulative number of preemptions.
     num_preemptions: int = 0
+    # Cumulative; None unless the engine speculates.
+    spec_decoding_stats: SpecDecodingStats | None = None
     # LoRA adapter name -> requests running / waiting with it (vllm:lora_requests_info).
     running_lora_adapters: dict[str, int] = dataclasses.field(default_factory=dict)
     waiting_lora_adapters: dict[str, int] = dataclasses.field(default_factory=dict)
@@ -53,6 +110,7 @@ def merge_scheduler_stats(stats: list[SchedulerStats]) -> SchedulerStats:
         prefix_cache_queries=sum(s.prefix_cache_queries for s in stats),
         prefix_cache_hits=sum(s.prefix_cache_hits for s in stats),
         num_preemptions=sum(s.num_preemptions for s in stats),
+        spec_decoding_stats=merge_spec_decoding_stats([s.spec_decoding_stats for s in stats]),
         running_lora_adapters=_sum_counts(s.running_lora_adapters for s in stats),
         waiting_lora_adapters=_sum_counts(s.waiting_lora_adapters for s in stats),
     )

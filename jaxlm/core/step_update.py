@@ -45,9 +45,12 @@ def set_all(items: list, name: str, values: list) -> None:
 def update_from_output(sched: Any, so: SchedulerOutput, mro: ModelRunnerOutput) -> EngineCoreOutputBatch:
     """`sched`: the Scheduler (its requests, KV cache manager and batch hooks); not imported
     here, so the scheduler alone depends on this module."""
-    fast = decode_update.try_update(sched, so, mro)  # the usual decode step, without numpy
-    if fast is not None:
-        return fast
+    # The usual decode step, without numpy; not a step that verified drafts or proposed some
+    # (speculative decoding: rollback and the next drafts are the array path's).
+    if not so.scheduled_spec_decode_tokens and mro.spec_token_ids is None:
+        fast = decode_update.try_update(sched, so, mro)
+        if fast is not None:
+            return fast
     pending, sched._pending_outputs = sched._pending_outputs, []
     ids = list(so.num_scheduled_tokens)
     reqs = list(map(sched.requests.get, ids))
@@ -60,18 +63,18 @@ def update_from_output(sched: Any, so: SchedulerOutput, mro: ModelRunnerOutput) 
     if not takes.all():  # finished (or, sync, preempted) while the step ran
         ids, reqs, n_sched = list(itertools.compress(ids, takes)), list(itertools.compress(reqs, takes)), n_sched[takes]
         statuses = statuses[takes]
-    return _Step(sched, mro, ids, reqs, n_sched, statuses).run(pending)
+    return _Step(sched, mro, ids, reqs, n_sched, statuses, so.scheduled_spec_decode_tokens).run(pending)
 
 
 class _Step:
     """One update: arrays over the step's requests (index i) and their new tokens (index j)."""
 
     def __init__(self, sched: Any, mro: ModelRunnerOutput, ids: list[str], reqs: list[Request],
-                 n_sched: np.ndarray, statuses: np.ndarray) -> None:
+                 n_sched: np.ndarray, statuses: np.ndarray, spec_tokens: dict[str, list[int]]) -> None:
         self.sched, self.mro, self.ids, self.reqs = sched, mro, ids, reqs
-        self.n_sched, self.statuses = n_sched, statuses
+        self.n_sched, self.statuses, self.spec_tokens = n_sched, statuses, spec_tokens
         n = len(ids)
-        row = np.fromiter(map(mro.req_id_to_index.get, ids, _repeat(-1)), np.int64, n)
+        self.row = row = np.fromiter(map(mro.req_id_to_index.get, ids, _repeat(-1)), np.int64, n)
         num_sampled = np.append(np.asarray(mro.num_sampled, np.int64), 0)  # row -1: not in the output
         self.count = num_sampled[row]
         self.start = (np.cumsum(num_sampled) - num_sampled)[row]  # its tokens' start in mro.sampled_flat
@@ -82,6 +85,8 @@ class _Step:
     def run(self, pending: list) -> EngineCoreOutputBatch:
         sched, reqs = self.sched, self.reqs
         sched._advance_computed_batch(reqs, self.n_sched)
+        if self.spec_tokens:  # speculative decoding: rejected drafts' positions roll back
+            sched.spec.roll_back(reqs, ids, self.spec_tokens, self.count, ~self.failed)
         computed = gather(_computed, reqs)
         num_tokens = np.fromiter(map(len, map(_all_tokens, reqs)), np.int64, len(reqs))
         ok = ~self.failed
@@ -102,6 +107,8 @@ class _Step:
             reqs[i].status = status
             if stop_reason is not None:
                 reqs[i].stop_reason = stop_reason
+        if sched.spec is not None:  # drafts proposed after this step's tokens
+            sched.spec.take_drafts(reqs, self.row, self.mro.spec_token_ids)
         out = self._build(kept_pos, kept_count, finished, pending)
         if finished:
             was_preempted = [reqs[i] for i in finished if self.statuses[i] == RequestStatus.PREEMPTED]

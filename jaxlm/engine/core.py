@@ -42,6 +42,10 @@ def async_scheduling_blocker(config: EngineConfig) -> str | None:
             return f"{name}={getattr(parallel, name)}"
     if config.compilation_config.workload is not None:
         return "--token-buckets auto (buckets planned on the synchronous step loop)"
+    spec = config.speculative_config
+    if spec is not None and spec.uses_draft_model and spec.draft_tensor_parallel_size not in (
+            None, parallel.tensor_parallel_size):
+        return "a draft model on another mesh than the target's (draft_tensor_parallel_size=1)"
     return None
 
 
@@ -67,12 +71,16 @@ class EngineCore:
         blocker = async_scheduling_blocker(config) if config.scheduler_config.async_scheduling else None
         if blocker is not None:
             logger.info("async scheduling off: it does not run with %s yet", blocker)
+        spec = config.speculative_config
         if config.scheduler_config.async_scheduling and blocker is None:
             self.scheduler: Scheduler = AsyncScheduler(config.scheduler_config, config.cache_config,
-                                                       config.lora_config)
+                                                       config.lora_config, spec)
             self._async_driver: AsyncStepDriver | None = AsyncStepDriver(self.scheduler, self.executor)
+            if spec is not None:
+                logger.info("async scheduling: steps that speculate (%s) run synchronously; steps above "
+                            "disable_by_batch_size=%s overlap", spec.method, spec.disable_by_batch_size)
         else:
-            self.scheduler = Scheduler(config.scheduler_config, config.cache_config, config.lora_config)
+            self.scheduler = Scheduler(config.scheduler_config, config.cache_config, config.lora_config, spec)
             self._async_driver = None
         # first child id -> siblings not yet handed to the scheduler (n > 1)
         self._deferred: dict[str, list[Request]] = {}

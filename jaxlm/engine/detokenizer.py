@@ -193,6 +193,9 @@ class IncrementalDetokenizer:
         self.num_output_tokens = 0
         self.output_text = ""
         self.stop_reason: str | None = None
+        # Of the last update's tokens, how many came after the one completing a stop string
+        # (several tokens in one step: speculative decoding); they are not part of the output.
+        self.tokens_past_stop = 0
         self._last_output_text_offset = 0
         self._decoder = make_decoder(tokenizer, prompt_token_ids, params) if self.enabled else None
 
@@ -222,6 +225,7 @@ class IncrementalDetokenizer:
         to_decode = new_token_ids[:-1] if stop_terminated and not self.include_stop_str_in_output else new_token_ids
         stop_check_offset = len(self.output_text)
         step, min_tokens = self._decoder.step, self.min_tokens
+        several = bool(self.stop) and len(to_decode) > 1
         pieces = []
         for i, tok in enumerate(to_decode):
             pieces.append(step(tok))
@@ -230,10 +234,21 @@ class IncrementalDetokenizer:
                 self.output_text += "".join(pieces)
                 pieces.clear()
                 stop_check_offset = len(self.output_text)
+            elif several and i + 1 < len(to_decode):  # the output ends with the token completing one
+                self.output_text += "".join(pieces)
+                pieces.clear()
+                stop_str = self._check_stop(stop_check_offset)
+                if stop_str is not None:
+                    self.tokens_past_stop = len(new_token_ids) - i - 1
+                    self.num_output_tokens -= self.tokens_past_stop
+                    return stop_str
         if pieces:
             self.output_text += pieces[0] if len(pieces) == 1 else "".join(pieces)
         if not self.stop or self.num_output_tokens <= min_tokens:
             return None
+        return self._check_stop(stop_check_offset)
+
+    def _check_stop(self, stop_check_offset: int) -> str | None:
         found = check_stop_strings(self.output_text, len(self.output_text) - stop_check_offset,
                                    self.stop, self.include_stop_str_in_output)
         if found is None:

@@ -75,6 +75,7 @@ class FrontendStats:
             "num_preemptions_total": s.num_preemptions,
             "prompt_tokens_total": sum(t.prompt_tokens_total for t in tokens),
             "generation_tokens_total": sum(t.generation_tokens_total for t in tokens),
+            "spec_decoding": s.spec_decoding_stats,  # None unless the engine speculates
             "engines": list(scheduler_stats),
             "engine_tokens": tokens,
         }

@@ -30,6 +30,7 @@ from jaxlm.core.outputs import FinishReason
 from jaxlm.outputs import CompletionOutput, RequestOutput
 from jaxlm.sample.builder import SamplingInputBuilder
 from jaxlm.sampling_params import SamplingParams
+from jaxlm.spec_decode.setup import resolve_speculative_config
 from jaxlm.worker.bucket_planner import resolve_auto_buckets
 from jaxlm.structured_output.manager import StructuredOutputManager
 
@@ -65,6 +66,7 @@ class LLMEngine:
         # skip_tokenizer_init: token ids in and out; text-dependent fields are refused at admission.
         self.tokenizer = None if mc.skip_tokenizer_init else get_tokenizer(mc)
         resolve_auto_buckets(config, self.tokenizer)  # --token-buckets auto: before any compile
+        resolve_speculative_config(config, self.tokenizer)  # the draft model's config, its tokenizer checked
         vocab = int(mc.hf_config.vocab_size)
         self.eos_token_id = (self.tokenizer.eos_token_id if self.tokenizer is not None
                              else _model_eos_token_id(mc.hf_config))

@@ -91,6 +91,16 @@ class LogprobsProcessor:
         for ids, lps, rank in zip(*self._rows(lists, n)):
             self.prompt_logprobs.append(make_logprob_dict(lps, ids, self.decode(ids), rank, n))
 
+    def truncate(self, num_tokens: int) -> None:
+        """Keep the first num_tokens positions (tokens past a stop string are dropped); the
+        cumulative logprob is summed again in order, as it was built."""
+        if self.logprobs is None or len(self.logprobs) <= num_tokens:
+            return
+        del self.logprobs[num_tokens:]
+        self.cumulative_logprob = 0.0
+        for position in self.logprobs:
+            self.cumulative_logprob += next(iter(position.values())).logprob  # the sampled token's
+
     def pop_prompt_logprobs(self) -> PromptLogprobs | None:
         """Prompt logprobs not handed out yet (delta outputs send them once)."""
         if self.prompt_logprobs is None:

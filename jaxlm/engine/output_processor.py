@@ -79,7 +79,13 @@ class RequestState:
         """Feed the detokenizer the tokens it has not seen; the stop string found, if any."""
         new = self.token_ids[self._num_detokenized:]
         self._num_detokenized = len(self.token_ids)
-        return self.detokenizer.update(new, stop_terminated=stop_terminated)
+        stop_str = self.detokenizer.update(new, stop_terminated=stop_terminated)
+        past = self.detokenizer.tokens_past_stop
+        if stop_str is not None and past:  # several tokens a step: none past the stop string
+            del self.token_ids[-past:]
+            self._num_detokenized = len(self.token_ids)
+            self.logprobs.truncate(len(self.token_ids))
+        return stop_str
 
     def completion(self, finish_reason: str | None, stop_reason: Any, delta: bool) -> CompletionOutput:
         finished = finish_reason is not None

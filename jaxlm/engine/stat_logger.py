@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from jaxlm.spec_decode.metrics import SpecDecodingLogging
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL_S = 5.0
@@ -30,6 +32,7 @@ class LoggingStatLogger:
         self.interval_s = log_stats_interval() if interval_s is None else interval_s
         self._last = time.monotonic()
         self._last_tokens = (0, 0)
+        self._spec = SpecDecodingLogging()  # its "SpecDecoding metrics" line, when the engine speculates
 
     def maybe_log(self, get_stats: Callable[[], dict[str, Any]]) -> None:
         """Logs when the interval has passed; get_stats is called only then."""
@@ -47,5 +50,6 @@ class LoggingStatLogger:
             "Running: %d reqs, Waiting: %d reqs, KV cache usage: %.1f%%, Prefix cache hit rate: %.1f%%",
             (prompt - p0) / elapsed, (generation - g0) / elapsed, s["num_requests_running"],
             s["num_requests_waiting"], 100 * s["kv_cache_usage_perc"], 100 * hit_rate)
+        self._spec.log(s.get("spec_decoding"), logger.debug if idle else logger.info)
         self._last = now
         self._last_tokens = (prompt, generation)

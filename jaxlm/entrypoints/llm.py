@@ -29,7 +29,6 @@ _VLLM_FIXED_ARGS: dict[str, tuple[Any, str]] = {
     "kv_cache_dtype": ("auto", "the KV cache is kept in the model's dtype"),
     "enable_chunked_prefill": (True, "jaxlm always chunks prefills into the step budget"),
     "cpu_offload_gb": (0, "jaxlm does not offload weights"),
-    "speculative_config": (None, "speculative decoding is not supported"),
     "hf_overrides": (None, "the model's config.json is used as it is"),
 }
 
@@ -59,6 +58,21 @@ class LLM:
 
     def get_tokenizer(self) -> Any:
         return self.llm_engine.tokenizer
+
+    def get_metrics(self) -> list[Any]:
+        """The engine's metrics now, as vLLM's metrics reader gives them (jaxlm.metrics.reader's
+        Counter / Gauge / Histogram / Vector objects): the engine-level series of /metrics,
+        speculative decoding's included."""
+        from prometheus_client import CollectorRegistry
+
+        from jaxlm.metrics.reader import get_metrics_snapshot
+        from jaxlm.serve.metrics import EngineStatsCollector, cache_config_info
+
+        engine = self.llm_engine
+        registry = CollectorRegistry()
+        registry.register(EngineStatsCollector(str(engine.model_config.model), engine.get_stats,
+                                               cache_config_info(engine.engine_config.cache_config)))
+        return get_metrics_snapshot(registry)
 
     def get_default_sampling_params(self) -> SamplingParams:
         """SamplingParams with the model's generation_config.json defaults (vLLM's name)."""

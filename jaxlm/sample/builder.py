@@ -15,7 +15,9 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from jaxlm.sample.metadata import ALL_VARIANTS, HostArrays, SamplerVariant, SamplingMetadata, covering_variant
+from jaxlm.sample.processor_fields import fill_processor_fields
 from jaxlm.sample.rows import SamplingRows
+from jaxlm.sample.spec_rows import SpecRows, neutral_draft_fields, states_after_drafts
 from jaxlm.sampling_params import SamplingParams
 from jaxlm.structured_output.bitmask import bitmask_width
 
@@ -98,12 +100,13 @@ class SamplingInputBuilder:
     the sparse logit_bias(+bans) and allowed_token_ids rows; larger requests are rejected.
     max_logprobs: the engine's cap (ModelConfig.max_logprobs, ``--max-logprobs``).
     variants: the sampler programs that exist; variant_of() picks the cheapest covering one.
+    speculative: every metadata carries the rejection sampler's draft fields (sample/spec_rows.py).
     """
 
     def __init__(self, vocab_size: int, max_model_len: int, *, engine_seed: int = 0,
                  max_logprobs: int = 20, max_bias_tokens: int = 1024,
                  max_allowed_tokens: int = 1024, num_candidates: int = 256,
-                 variants: Sequence[SamplerVariant] = ALL_VARIANTS) -> None:
+                 variants: Sequence[SamplerVariant] = ALL_VARIANTS, speculative: bool = False) -> None:
         self.vocab_size = vocab_size
         self.penalty_width = max(1, min(max_model_len, vocab_size))
         self.engine_seed = engine_seed
@@ -112,6 +115,7 @@ class SamplingInputBuilder:
         self.max_allowed_tokens = max_allowed_tokens
         self.num_candidates = num_candidates
         self._variants = tuple(variants)
+        self.speculative = speculative
         self._reqs: dict[str, _ReqState] = {}
         # Requests whose processors read their own outputs (record_tokens' only work).
         self._history: set[str] = set()
@@ -239,10 +243,10 @@ class SamplingInputBuilder:
         self._rows.num_output[self._rows.slot(req_id)] += 1
         self._record_token(st, token_id)
 
-    def count_outputs(self, req_ids: Sequence[str]) -> None:
-        """A step sampled one token for each of these distinct requests (values not known yet:
-        record_tokens follows). The counts move the random streams on, in one numpy update."""
-        self._rows.num_output[self._rows.slots(req_ids)] += 1
+    def count_outputs(self, req_ids: Sequence[str], counts: np.ndarray | None = None) -> None:
+        """A step sampled one token (or counts[i]) for each of these distinct requests (values
+        not known yet: record_tokens follows). The counts move the random streams on."""
+        self._rows.num_output[self._rows.slots(req_ids)] += 1 if counts is None else counts.astype(np.uint64)
 
     def record_tokens(self, req_ids: Sequence[str], token_ids: Sequence[int] | np.ndarray) -> None:
         """The tokens count_outputs counted: Python work only for requests whose processors
@@ -316,22 +320,27 @@ class SamplingInputBuilder:
         """All-padding metadata of a given variant, for warm-up compiles."""
         return self.build([], num_rows, variant)
 
-    def build_host(self, req_ids: Sequence[str], num_rows: int,
-                   variant: SamplerVariant | None = None) -> HostArrays:
-        n = len(req_ids)
+    def build_host(self, req_ids: Sequence[str], num_rows: int, variant: SamplerVariant | None = None,
+                   drafts: Sequence[Sequence[int]] | None = None) -> HostArrays:
+        """drafts (speculative engines): per request, the draft tokens it verifies; it gets one
+        row more per draft (sample/spec_rows.py)."""
+        spec = SpecRows.of(drafts) if drafts is not None else None
+        n = len(req_ids) if spec is None else spec.num_rows
         if n > num_rows:
-            raise ValueError(f"{n} requests do not fit in {num_rows} rows")
+            raise ValueError(f"{n} sampled rows do not fit in {num_rows} rows")
         if variant is None:
             variant = self.variant_of(req_ids)
+        plain = n == len(req_ids)  # no drafts to verify: the last step's rows may be reused
         ids, version, last = self._last_host
-        if (last is not None and version == self._rows.version and last.num_rows == num_rows
+        if (plain and last is not None and version == self._rows.version and last.num_rows == num_rows
                 and last.variant == variant and req_ids == ids):
             # The same rows as the last step: only the random rows' uniforms move on (processor
             # rows read their history and constrained steps fill a mask: never reused).
             if not variant.random:
                 return last
-            return HostArrays({**last.fields, "uniform": self._uniforms(req_ids, num_rows, True)}, variant,
-                              self.max_logprobs, self.num_candidates)
+            idx = self._rows.slots(req_ids)
+            return HostArrays({**last.fields, "uniform": self._uniforms(idx, self._rows.num_output[idx], num_rows, True)},
+                              variant, self.max_logprobs, self.num_candidates, last.spec_rows)
         r, v = num_rows, self.vocab_size
         # Greedy and padding rows: temperature 1, no filters, min_p = 1 (only the max survives)
         # with the smallest uniform (the first max: jnp.argmax's tie rule). In a random batch
@@ -343,69 +352,38 @@ class SamplingInputBuilder:
             "uniform": np.full(r, _MIN_UNIFORM, np.float32)}
         if n:
             rows, idx = self._rows, self._rows.slots(req_ids)
+            steps = rows.num_output[idx]
+            if spec is not None:  # a draft's row draws what that output position would draw
+                idx = np.repeat(idx, spec.per)
+                steps = rows.num_output[idx] + spec.offset.astype(np.uint64)
             for name in ("temperature", "top_k", "top_p", "min_p"):
                 f[name][:n] = getattr(rows, name)[idx]
-            f["uniform"] = self._uniforms(req_ids, r, variant.random)
+            f["uniform"] = self._uniforms(idx, steps, r, variant.random)
         if variant.processors:
-            self._fill_processors(f, [self._reqs[q] for q in req_ids], r, v)
+            states = [self._reqs[q] for q in req_ids]
+            if spec is not None:
+                states = [t for st, d in zip(states, spec.drafts)
+                          for t in (states_after_drafts(st, d, self._record_token) if st.processors
+                                    else [st] * (1 + len(d)))]
+            fill_processor_fields(f, states, r, v, self.penalty_width, self.max_bias_tokens,
+                                  self.max_allowed_tokens)
+        if self.speculative:
+            f.update(neutral_draft_fields(r))
+            if spec is not None:
+                spec.fill_draft_fields(f)
         if variant.structured:  # every token allowed; the runner fills the constrained rows
             f["bitmask"] = np.full((r, bitmask_width(v)), -1, np.int32)
-        host = HostArrays(f, variant, self.max_logprobs, self.num_candidates)
-        cacheable = n and not (variant.processors or variant.structured)
+        host = HostArrays(f, variant, self.max_logprobs, self.num_candidates, spec)
+        cacheable = n and plain and not (variant.processors or variant.structured)
         self._last_host = (list(req_ids), self._rows.version, host) if cacheable else ((), -1, None)
         return host
 
-    def _uniforms(self, req_ids: Sequence[str], num_rows: int, random: bool) -> np.ndarray:
-        """[num_rows] this step's uniforms: row_uniforms for sampling rows, the smallest for
-        greedy and padding rows (all of them unless `random`)."""
+    def _uniforms(self, idx: np.ndarray, steps: np.ndarray, num_rows: int, random: bool) -> np.ndarray:
+        """[num_rows] this step's uniforms: row_uniforms for the sampling rows at slots idx (their
+        output positions: steps), the smallest for greedy and padding rows (all unless `random`)."""
         u = np.full(num_rows, _MIN_UNIFORM, np.float32)
         if not random:
             return u
-        rows, idx, n = self._rows, self._rows.slots(req_ids), len(req_ids)
-        u[:n] = np.where(rows.greedy[idx], _MIN_UNIFORM, row_uniforms(rows.stream[idx], rows.num_output[idx]))
+        rows = self._rows
+        u[:len(idx)] = np.where(rows.greedy[idx], _MIN_UNIFORM, row_uniforms(rows.stream[idx], steps))
         return u
-
-    def _fill_processors(self, f: dict[str, np.ndarray], states: list[_ReqState], r: int, v: int) -> None:
-        f["presence_penalty"] = np.zeros(r, np.float32)
-        f["frequency_penalty"] = np.zeros(r, np.float32)
-        f["repetition_penalty"] = np.ones(r, np.float32)
-        f["pen_ids"] = np.full((r, self.penalty_width), v, np.int32)
-        f["pen_counts"] = np.zeros((r, self.penalty_width), np.int32)
-        f["bias_ids"] = np.full((r, self.max_bias_tokens), v, np.int32)
-        f["bias_vals"] = np.zeros((r, self.max_bias_tokens), np.float32)
-        f["allowed_ids"] = np.full((r, self.max_allowed_tokens), v, np.int32)
-        f["has_allowed"] = np.zeros(r, np.bool_)
-        for i, st in enumerate(states):
-            if not st.processors:
-                continue
-            if st.has_penalties:
-                f["presence_penalty"][i], f["frequency_penalty"][i], f["repetition_penalty"][i] = st.penalties
-                k = st.num_pen
-                f["pen_ids"][i, :k] = st.pen_ids[:k]
-                f["pen_counts"][i, :k] = st.pen_counts[:k]
-            # Admission caps the entries at the row width; cut here rather than fail the step.
-            kb = self.max_bias_tokens
-            nb = min(st.bias_ids.size, kb)
-            f["bias_ids"][i, :nb] = st.bias_ids[:nb]
-            f["bias_vals"][i, :nb] = st.bias_vals[:nb]
-            bans = self._banned(st)[: kb - nb]
-            if bans:
-                f["bias_ids"][i, nb:nb + len(bans)] = bans
-                f["bias_vals"][i, nb:nb + len(bans)] = -np.inf
-            if st.allowed is not None:
-                f["allowed_ids"][i, :st.allowed.size] = st.allowed
-                f["has_allowed"][i] = True
-
-    @staticmethod
-    def _banned(st: _ReqState) -> list[int]:
-        """Tokens banned this step: stop ids under min_tokens, bad words whose prefix matches."""
-        bans: list[int] = []
-        if st.stop_ids.size and st.num_output < st.params.min_tokens:
-            bans.extend(st.stop_ids.tolist())
-        for prefix, last in st.bad_words:
-            # vLLM matches the prefix against the output tokens only.
-            if not prefix:
-                bans.append(last)
-            elif len(prefix) <= st.num_output and tuple(st.tail[-len(prefix):]) == prefix:
-                bans.append(last)
-        return bans

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -91,6 +91,10 @@ class SamplingMetadata:
     has_allowed: jax.Array | None = None  # [R] bool
     # ---- present when variant.structured, else None
     bitmask: jax.Array | None = None  # [R, ceil(V/32)] int32, bit set = allowed; -1 = no constraint
+    # ---- present when the engine speculates (jaxlm/spec_decode/rejection_sampler.py), else None.
+    # A request's rows are contiguous: its last token's, then one per draft token.
+    draft_token_ids: jax.Array | None = None  # [R] int32: the draft this row must sample; -1 (none) on a last row
+    spec_row_start: jax.Array | None = None  # [R] int32: the first row of the row's request
     # ---- static (pytree aux data)
     variant: SamplerVariant = SamplerVariant()
     max_logprobs: int = 20
@@ -132,6 +136,8 @@ class HostArrays:
     variant: SamplerVariant
     max_logprobs: int
     num_candidates: int
+    # Speculative rows (sample/spec_rows.py SpecRows) when the step verifies drafts, else None.
+    spec_rows: Any = None
     # packed()'s buffer, made on its first call: the fields are final by then (a constrained
     # step fills its mask first). Never written after: a program may still be reading it.
     _packed: np.ndarray | None = dataclasses.field(default=None, repr=False, compare=False)

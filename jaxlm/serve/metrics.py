@@ -30,6 +30,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.parser import text_string_to_metric_families
 
 from jaxlm.outputs import RequestStateStats
+from jaxlm.spec_decode.metrics import spec_decode_families
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -120,6 +121,7 @@ class EngineStatsCollector:
             _add_iteration_tokens(steps, [self.model_name, str(index)],
                                   tok.iteration_tokens if tok is not None else stats.get("iteration_tokens"))
         yield steps
+        yield from spec_decode_families(stats, self.model_name)
         info = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
                                  labels=[*self.cache_config_info, "engine"])
         for index in range(len(engines)):

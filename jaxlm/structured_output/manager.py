@@ -135,6 +135,10 @@ class StructuredOutputRequest:
                 return False
         return True
 
+    def validate_tokens(self, token_ids: Sequence[int]) -> int:
+        """How many of these tokens, in order, the grammar would accept (nothing consumed)."""
+        return self._matcher.validate_tokens([int(t) for t in token_ids]) if token_ids else 0
+
     def rollback(self, num_tokens: int) -> None:
         """Undo the last ``num_tokens`` accepted tokens (speculative or asynchronous steps)."""
         if not 0 <= num_tokens <= self.num_accepted:

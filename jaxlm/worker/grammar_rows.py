@@ -12,7 +12,7 @@ starts on the token after it. Replaying outputs does the same, from the last end
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -58,14 +58,40 @@ class GrammarRows:
     def is_reasoning(self, req_id: str) -> bool:
         return req_id in self._reasoning
 
-    def fill_bitmask(self, host_fields: dict[str, np.ndarray], sample_req_ids: Sequence[str]) -> None:
+    def fill_bitmask(self, host_fields: dict[str, np.ndarray], sample_req_ids: Sequence[str],
+                     spec_rows: Any = None) -> None:
         """Mask rows of the constrained requests in the sampler's host arrays (the "bitmask" field,
         present in the variants that constrained rows select); unconstrained rows, and rows still
-        reasoning, stay all -1."""
+        reasoning, stay all -1. spec_rows (sample/spec_rows.py): a speculative step's rows."""
+        if spec_rows is not None:
+            self._fill_draft_rows(host_fields["bitmask"], sample_req_ids, spec_rows)
+            return
         rows = [(self._grammars[r], i) for i, r in enumerate(sample_req_ids)
                 if r in self._grammars and r not in self._reasoning]
         if rows:
             self.manager.fill_bitmask(host_fields["bitmask"], rows)
+
+    def _fill_draft_rows(self, bitmask: np.ndarray, sample_req_ids: Sequence[str], spec_rows: Any) -> None:
+        """Row j of a request is masked as if its drafts 1..j were accepted (the matcher advances
+        over them, then rolls back); the first draft the grammar rejects leaves its row allowing
+        everything, since the row before it cannot sample that draft: acceptance ends there."""
+        for i, req_id in enumerate(sample_req_ids):
+            grammar = self._grammars.get(req_id)
+            if grammar is None:
+                continue
+            row, drafts = int(spec_rows.first[i]), list(spec_rows.drafts[i])
+            ends = self._reasoning.get(req_id)
+            if ends is not None:  # free text up to a reasoning end id among the drafts
+                cut = next((j + 1 for j, t in enumerate(drafts) if t in ends), None)
+                if cut is None:
+                    continue
+                row, drafts = row + cut, drafts[cut:]
+            valid = grammar.validate_tokens(drafts)
+            for j in range(valid + 1):
+                grammar.fill_bitmask(bitmask, row + j)
+                if j < valid:
+                    grammar.accept_token(drafts[j])
+            grammar.rollback(valid)
 
     def advance_tokens(self, req_ids: Sequence[str], token_ids: np.ndarray) -> set[str]:
         """Accept each constrained request's token (req_ids[i] sampled token_ids[i]); the ids
@@ -75,20 +101,37 @@ class GrammarRows:
             return set()
         return self.advance(dict(zip(req_ids, token_ids.tolist())))
 
+    def advance_runs(self, req_ids: Sequence[str], counts: np.ndarray, token_ids: np.ndarray) -> dict[str, int]:
+        """advance_many for a step's tokens back to back (req_ids[i] got counts[i] of them)."""
+        if not self._grammars:
+            return {}
+        ends = np.cumsum(counts).tolist()
+        flat = token_ids.tolist()
+        return self.advance_many({r: flat[e - c:e] for r, c, e in zip(req_ids, counts.tolist(), ends)
+                                  if r in self._grammars})
+
     def advance(self, sampled: dict[str, int]) -> set[str]:
         """Accept each constrained request's token; the ids whose grammar is now terminated
         (complete, or errored by a token it rejected: the request ends either way)."""
-        done = set()
-        for req_id, tok in sampled.items():
+        return set(self.advance_many({r: (t,) for r, t in sampled.items()}))
+
+    def advance_many(self, sampled: dict[str, Sequence[int]]) -> dict[str, int]:
+        """Accept each constrained request's tokens in order (several: speculative decoding);
+        for each request whose grammar terminates, how many of its tokens it took (the request
+        ends with the token that terminated it: later ones are dropped)."""
+        done: dict[str, int] = {}
+        for req_id, tokens in sampled.items():
             grammar = self._grammars.get(req_id)
             if grammar is None:
                 continue
-            ends = self._reasoning.get(req_id)
-            if ends is not None:
-                if tok in ends:  # the constraint starts with the next token
-                    del self._reasoning[req_id]
-                continue
-            grammar.accept_token(tok)
-            if grammar.is_terminated():
-                done.add(req_id)
+            for n, tok in enumerate(tokens, 1):
+                ends = self._reasoning.get(req_id)
+                if ends is not None:
+                    if tok in ends:  # the constraint starts with the next token
+                        del self._reasoning[req_id]
+                    continue
+                grammar.accept_token(tok)
+                if grammar.is_terminated():
+                    done[req_id] = n
+                    break
         return done

@@ -39,9 +39,18 @@ class StepInputs:
     num_tokens: int  # real tokens (<= T_pad)
     # Requests whose last scheduled token is the sequence's last: they sample this step.
     sample_req_ids: list[str]
-    logits_indices: np.ndarray  # [S_cap] flat index of each sampling request's last token
+    # [S_cap] flat index of each sampled row: a request's last token, or with draft tokens
+    # (speculative decoding) its last token and every draft, in order.
+    logits_indices: np.ndarray
     prev_idx: np.ndarray  # [T_pad] row of the previous step's device tokens feeding this token, or -1
     packed: np.ndarray  # [sum of the above] int32
+    # Sampled rows per sampling request (1 + its drafts), None when no request has drafts.
+    num_sample_rows: np.ndarray | None = None
+
+    @property
+    def num_sampled_rows(self) -> int:
+        n = self.num_sample_rows
+        return len(self.sample_req_ids) if n is None else int(n.sum())
 
 
 class InputBatch:
@@ -63,6 +72,8 @@ class InputBatch:
         # position (-1: none) and its row in that step's sampled tokens on the device.
         self.pending_pos = np.full(max_num_reqs, -1, np.int32)
         self.pending_idx = np.zeros(max_num_reqs, np.int32)
+        # Draft tokens scheduled this step (speculative decoding), written past num_tokens.
+        self.num_spec = np.zeros(max_num_reqs, np.int32)
         self._arange = np.arange(max_num_reqs, dtype=np.int32)
         self.req_id_to_row: dict[str, int] = {}
         self._layouts: dict[tuple[int, int, int], tuple[int, list]] = {}
@@ -138,6 +149,12 @@ class InputBatch:
         # New blocks only for the requests that crossed a block boundary.
         for i in itertools.compress(range(len(rows)), cached.new_block_ids):
             self.append_blocks(int(rows[i]), cached.new_block_ids[i])
+        self.num_spec[:] = 0
+        for req_id, drafts in so.scheduled_spec_decode_tokens.items():  # written past the known tokens
+            row = self.req_id_to_row[req_id]
+            n = self.num_tokens[row]
+            self.token_ids[row, n:n + len(drafts)] = drafts
+            self.num_spec[row] = len(drafts)
         return gone
 
     def step_shapes(self, num_tokens_padded: int, num_rows_padded: int,
@@ -163,8 +180,10 @@ class InputBatch:
 
     @staticmethod
     def _is_decode(so: SchedulerOutput, start: np.ndarray) -> bool:
-        """One token per request, each with context: DecodeTemplates' shorter path applies."""
-        return so.total_num_scheduled_tokens == len(start) and bool(start.all())
+        """One token per request, each with context and no draft to verify (a verify step has
+        1 + k tokens per request and samples each): DecodeTemplates' shorter path applies."""
+        return (not so.scheduled_spec_decode_tokens and so.total_num_scheduled_tokens == len(start)
+                and bool(start.all()))
 
     def prepare_inputs(
         self, so: SchedulerOutput, num_tokens_padded: int, num_rows_padded: int, sample_capacity: int
@@ -211,12 +230,20 @@ class InputBatch:
         x["seq_lens"][:R] = start + n_sched
         x["context_lens"][:R] = start
 
-        # A request samples when this step reaches the end of its known tokens.
-        samples = (start + n_sched) == self.num_tokens[rows]
-        sample_idx = np.flatnonzero(samples)
-        x["logits_indices"][: len(sample_idx)] = cu[sample_idx + 1] - 1
+        # A request samples when this step reaches the end of its known tokens (and drafts).
+        n_spec = self.num_spec[rows]
+        sample_idx = np.flatnonzero((start + n_sched) == self.num_tokens[rows] + n_spec)
+        last = cu[sample_idx + 1] - 1
+        num_sample_rows = None
+        if n_spec.any():  # every draft's position is sampled too, in order
+            num_sample_rows = 1 + n_spec[sample_idx]
+            first_row = np.cumsum(num_sample_rows) - num_sample_rows
+            last = (np.repeat(last - num_sample_rows + 1 - first_row, num_sample_rows)
+                    + np.arange(num_sample_rows.sum(), dtype=np.int32))
+        x["logits_indices"][: len(last)] = last
         sample_req_ids = req_ids if len(sample_idx) == R else list(map(req_ids.__getitem__, sample_idx.tolist()))
-        return StepInputs(req_ids=req_ids, num_tokens=T, sample_req_ids=sample_req_ids, packed=packed, **x)
+        return StepInputs(req_ids=req_ids, num_tokens=T, sample_req_ids=sample_req_ids, packed=packed,
+                          num_sample_rows=num_sample_rows, **x)
 
     def next_token_ids(self, inputs: StepInputs) -> np.ndarray:
         """[T_pad] the token after each scheduled position (what it predicts); 0 on padding."""

@@ -40,7 +40,6 @@ scheduling); `step_timer` (benchmarks only) gets a lap at each boundary of the s
 from __future__ import annotations
 
 import logging
-import math
 import time
 from typing import Any, Callable
 
@@ -52,6 +51,7 @@ from tqdm import tqdm
 
 from jaxlm.attention.metadata import AttentionMetadata
 from jaxlm.config import EngineConfig
+from jaxlm.config.speculative import max_sampled_rows
 from jaxlm.core.outputs import ModelRunnerOutput
 from jaxlm.core.sched_output import SchedulerOutput
 from jaxlm.executor.distributed import place_inputs
@@ -64,16 +64,20 @@ from jaxlm.worker.buckets import (
     PaddingStats, decode_buckets, default_seq_buckets, default_token_buckets, pick_bucket,
     prompt_logprobs_buckets, validate_buckets)
 from jaxlm.worker.compile_guard import CompileGuard
+from jaxlm.worker.compile_jobs import compile_jobs
 from jaxlm.worker.input_batch import InputBatch, StepInputs
 from jaxlm.worker.program_cache import ProgramCache
 from jaxlm.worker.request_states import RequestStates
 from jaxlm.worker.step_handle import StepHandle
 from jaxlm.worker.step_programs import (
-    DECODE, MD_FIELDS, MIXED, PROMPT_LOGPROBS, abstract, gathered, kernel_constraints, leaves_read, unpack, with_unread)
+    DECODE, MD_FIELDS, MIXED, PROMPT_LOGPROBS, gathered, kernel_constraints, leaves_read, unpack, with_unread)
 
 logger = logging.getLogger(__name__)
 
 class ModelRunner:
+    # The sampler inside every sample program (a speculative runner: the rejection sampler).
+    sampler_fn = staticmethod(sample)
+
     def __init__(self, config: EngineConfig, model: nnx.Module, mesh: jax.sharding.Mesh | None = None):
         self.config = config
         self.mesh = mesh
@@ -100,14 +104,16 @@ class ModelRunner:
         c = self.kernel_constraints
         comp = config.compilation_config
         budget = sched.max_num_batched_tokens
-        tokens = comp.token_buckets or default_token_buckets(budget)
+        spec = config.speculative_config
+        tokens = comp.token_buckets or default_token_buckets(budget, spec and 1 + spec.num_speculative_tokens)
         self.token_buckets = validate_buckets(
             [c.round_tokens(t) for t in tokens] if c else tokens, budget, "token")
         # No kernels, no decode flavour: an XLA step is the same program whatever its kind.
         self.decode_buckets = decode_buckets(self.token_buckets, sched.max_num_seqs) if c else []
         self.prompt_logprobs_buckets = prompt_logprobs_buckets(self.token_buckets)
-        self.seq_buckets = validate_buckets(
-            comp.seq_buckets or default_seq_buckets(sched.max_num_seqs), sched.max_num_seqs, "sequence")
+        max_rows = max_sampled_rows(spec, sched.max_num_seqs, budget)  # > max_num_seqs: verify steps
+        self.seq_buckets = validate_buckets(comp.seq_buckets or default_seq_buckets(sched.max_num_seqs, max_rows),
+                                            max_rows, "sequence" if spec is None else "sequence (1 + k rows a request)")
         # The hidden-state buffer the body hands to the sampler: the largest sequence bucket.
         self.sample_capacity = self.seq_buckets[-1]
 
@@ -117,7 +123,8 @@ class ModelRunner:
             InputBatch(sched.max_num_seqs, sched.max_model_len, self.block_size,
                        page_multiple=c.page_multiple if c else 1),
             SamplingInputBuilder(self.vocab_size, sched.max_model_len, engine_seed=config.model_config.seed,
-                                 max_logprobs=config.model_config.max_logprobs, variants=SERVING_VARIANTS),
+                                 max_logprobs=config.model_config.max_logprobs, variants=SERVING_VARIANTS,
+                                 speculative=spec is not None),
             self.lora)
         self.kv_caches: list[jax.Array] | None = None
         self._body: dict[tuple[int, str], Any] = {}
@@ -211,7 +218,7 @@ class ModelRunner:
         return body
 
     def _sample_fn(self, num_rows: int, md: HostArrays) -> Callable:
-        merge, replicated, treedef = self._merge_for_sampler, self._replicated, self._param_treedef
+        merge, replicated, treedef, sampler = self._merge_for_sampler, self._replicated, self._param_treedef, self.sampler_fn
         layout, static = md.layout(), (md.variant, md.max_logprobs, md.num_candidates)
         pad = self.sample_capacity - num_rows
         index, like = self._sampler_leaf_index, self._param_leaves
@@ -220,7 +227,7 @@ class ModelRunner:
             sampling_md = unpack_metadata(packed_md, layout, *static)
             model = merge(jax.tree.unflatten(treedef, with_unread(read_leaves, index, like)))
             logits = model.compute_logits(hidden[:num_rows])
-            out = sample(gathered(logits, replicated), sampling_md)
+            out = sampler(gathered(logits, replicated), sampling_md)
             # The next step's decode rows read their input ids from here (async scheduling).
             tokens = jnp.pad(out.sampled_token_ids, (0, pad))
             if replicated is not None:
@@ -243,48 +250,37 @@ class ModelRunner:
     def _sampler_leaves(self) -> list[Any]:
         return [self._param_leaves[i] for i in self._sampler_leaf_index]
 
-    def _abstract_packed(self, T: int, kind: str) -> jax.ShapeDtypeStruct:
-        size = sum(math.prod(shape) for shape in self._step_shapes(T, kind).values())
-        return jax.ShapeDtypeStruct((size,), jnp.int32, sharding=self._replicated)
-
     def warm_up(self) -> None:
-        """Compile every program the buckets can ask for, or load them all untraced (program_cache.py)."""
+        """Compile every program the buckets can ask for (one progress bar), or load them all
+        untraced from the program cache (program_cache.py)."""
         start = time.perf_counter()
         self._last_tokens = self._put(np.zeros(self.sample_capacity, np.int32))
-        jobs = [("body", (T, kind)) for kind, buckets in self.body_buckets().items() for T in buckets]
-        jobs += [("sample", (S, v)) for S in self.seq_buckets for v in self.sampling.variants()]
-        cache = ProgramCache.for_runner(self.config, self.mesh, self._param_leaves, self.kv_caches, jobs)
+        cache = self._program_cache()
         if (saved := cache.load()) is not None:
             self._body, self._sample, self._sampler_leaf_index = (saved[k] for k in ("body", "sample", "leaf_index"))
+            self.num_programs = self.programs_from_cache = len(self._body) + len(self._sample)
         else:
+            jobs = self.compile_jobs()
             with cache.watch_compiles():
-                self._compile(jobs)
+                for job in tqdm(jobs, desc="Compiling buckets", unit="program"):
+                    job()
             cache.save({"body": self._body, "sample": self._sample}, {"leaf_index": self._sampler_leaf_index})
-        self.num_programs = len(self._body) + len(self._sample)
-        self.programs_from_cache = self.num_programs if saved is not None else 0
+            self.num_programs = len(jobs)
         self.warmup_seconds = time.perf_counter() - start
         logger.info("Compiled %d programs in %.1f s (%d from the program cache)", self.num_programs,
                     self.warmup_seconds, self.programs_from_cache)
 
-    def _compile(self, jobs: list[tuple[str, Any]]) -> None:
-        kv_spec, params_spec = abstract(self.kv_caches), abstract(self._param_leaves)
-        body_jit = lambda T, kind: jax.jit(self._body_fn(T, kind), donate_argnums=(1,))  # noqa: E731
-        T0 = self.token_buckets[0]
-        hidden_sel, _ = jax.eval_shape(body_jit(T0, MIXED), params_spec, kv_spec, self._abstract_packed(T0, MIXED),
-                                       jax.ShapeDtypeStruct((self.sample_capacity,), jnp.int32))
-        hidden_sel = jax.ShapeDtypeStruct(hidden_sel.shape, hidden_sel.dtype, sharding=self._replicated)
-        self._find_sampler_leaves(params_spec, hidden_sel)
-        sampler_spec = [params_spec[i] for i in self._sampler_leaf_index]
-        tokens_spec = jax.ShapeDtypeStruct((self.sample_capacity,), jnp.int32, sharding=self._replicated)
-        for what, key in tqdm(jobs, desc="Compiling buckets", unit="program"):
-            if what == "body":
-                lowered = body_jit(*key).lower(params_spec, kv_spec, self._abstract_packed(*key), tokens_spec)
-                self._body[key] = lowered.compile()
-            else:
-                S, variant = key
-                md = self.sampling.build_host([], S, variant)
-                md_spec = jax.ShapeDtypeStruct(md.packed().shape, jnp.int32, sharding=self._replicated)
-                self._sample[key] = jax.jit(self._sample_fn(S, md)).lower(sampler_spec, hidden_sel, md_spec).compile()
+    def _program_cache(self) -> ProgramCache:
+        # A speculative runner's draft programs live on its drafter, outside this cache: off.
+        if self.config.speculative_config is not None:
+            return ProgramCache(None)
+        keys = [("body", (T, kind)) for kind, buckets in self.body_buckets().items() for T in buckets]
+        keys += [("sample", (S, v)) for S in self.seq_buckets for v in self.sampling.variants()]
+        return ProgramCache.for_runner(self.config, self.mesh, self._param_leaves, self.kv_caches, keys)
+
+    def compile_jobs(self) -> list[Callable[[], None]]:
+        """One callable per program: each compiles it and keeps the executable."""
+        return compile_jobs(self)
 
     # ---- one step -------------------------------------------------------------------------
 
@@ -312,6 +308,9 @@ class ModelRunner:
             self.step_timer.mark()
         inputs, hidden, prompt_rows, sampling, md_in = self._run_body(so)
         out, placed = self._dispatch_sampler(inputs, hidden, sampling, md_in)
+        return self._make_handle(inputs, out, placed, prompt_rows)
+
+    def _make_handle(self, inputs: StepInputs, out: Any, placed: Any, prompt_rows: Any) -> StepHandle:
         return StepHandle(self.states, inputs, out, placed, prompt_rows, self.step_timer)
 
     def _run_body(self, so: SchedulerOutput) -> tuple[StepInputs, jax.Array, Any, HostArrays | None, Any]:
@@ -353,12 +352,12 @@ class ModelRunner:
             if timer:
                 timer.lap("dispatch")
             return None, None
-        n, S = len(inputs.sample_req_ids), host_md.num_rows
+        S = host_md.num_rows
         if md_in is None:  # constrained: the mask is filled while the body runs, then sent
-            self.grammars.fill_bitmask(host_md.fields, inputs.sample_req_ids)
+            self.grammars.fill_bitmask(host_md.fields, inputs.sample_req_ids, host_md.spec_rows)
             md_in = self._place(host_md.packed())
         out, self._last_tokens = self._sample[(S, host_md.variant)](self._sampler_leaves, hidden, md_in)
-        self.padding.record_samples(n, S)
+        self.padding.record_samples(inputs.num_sampled_rows, S)
         placed = self.input_batch.append_placeholders(inputs.sample_req_ids)
         self.sampling.count_outputs(inputs.sample_req_ids)
         if timer:

@@ -39,12 +39,19 @@ class Worker:
             self.config.model_config, self.config.load_config, attn_backend=backend, mesh=self.mesh,
             enable_expert_parallel=self.config.parallel_config.enable_expert_parallel,
         )
+        if self.config.speculative_config is not None:  # the verify step's runner, the draft model
+            from jaxlm.spec_decode.setup import build_spec_runner
+
+            self.model_runner = build_spec_runner(self.config, model, self.mesh, backend)
+            return
         runner_cls = PipelineModelRunner if pipeline else ModelRunner
         self.model_runner = runner_cls(self.config, model, self.mesh)
 
     def bytes_per_block(self) -> int:
-        return self.model_runner.kv_cache_spec.bytes_per_block(
-            self.config.cache_config.block_size, np.dtype(self.dtype).itemsize)
+        runner = self.model_runner
+        specs = [runner.kv_cache_spec] + [r.kv_cache_spec for r in [getattr(runner, "drafter", None)] if r is not None]
+        return sum(s.bytes_per_block(self.config.cache_config.block_size, np.dtype(self.dtype).itemsize)
+                   for s in specs)
 
     def determine_num_available_blocks(self) -> int:
         cache = self.config.cache_config

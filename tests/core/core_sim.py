@@ -49,6 +49,11 @@ class FakeRunner:
         return st.block_ids[pos // self.block_size] * self.block_size + pos % self.block_size
 
     def execute_model(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        self.update_states(so)
+        return self.run_step(so)
+
+    def update_states(self, so: SchedulerOutput) -> None:
+        """The scheduler's view: preempted, finished, new and cached requests."""
         for rid in so.preempted_req_ids:
             st = self.reqs.pop(rid)
             self.preempted_outputs[rid] = st.tokens  # check the resume against it
@@ -67,6 +72,7 @@ class FakeRunner:
             assert st.num_computed == num_computed, (rid, st.num_computed, num_computed)
             st.block_ids.extend(new_blocks)
 
+    def run_step(self, so: SchedulerOutput) -> ModelRunnerOutput:
         # Read every context first (state before the step), then write: like one batched forward.
         writes: dict[int, tuple[int, int]] = {}
         for rid, n in so.num_scheduled_tokens.items():

@@ -143,15 +143,31 @@ def recorded() -> dict:
         return json.load(f)
 
 
+def _past_stop_dropped(got: list[list], want: list[list]) -> bool:
+    """The one change from the recording (issue 24): a step of several tokens that completes a
+    stop string ends the output at the token completing it, so greedy outputs are token for token
+    those of one token a step; the recording (text and all else equal) kept the step's later ids."""
+    if len(got) != len(want) or got[:-1] != want[:-1] or not isinstance(want[-1][3], str):
+        return False
+    (text, ids, reason, stop), (w_text, w_ids, w_reason, w_stop) = got[-1], want[-1]
+    return (text, reason, stop) == (w_text, w_reason, w_stop) and 0 < len(ids) < len(w_ids) \
+        and w_ids[:len(ids)] == ids
+
+
 @pytest.mark.parametrize("tok_name", ["smollm2", "byte_fallback", "tiny_bpe"])
 def test_stream_outputs_equal_the_recording(recorded, tok_name):
     tok = _tokenizer(tok_name)
     cases = _cases(tok_name, tok)
     assert len(cases) >= 20
+    cut = 0
     for case in cases:
         for kind_name, kind in KINDS.items():
             key = f"{tok_name}/{case['name']}/{kind_name}"
-            assert _run_case(tok, case, kind) == recorded[key], key
+            got = _run_case(tok, case, kind)
+            if got != recorded[key]:
+                assert _past_stop_dropped(got, recorded[key]), key
+                cut += 1
+    assert cut > 0 or tok_name != "smollm2"  # the multi-token stop cases exercise the cut
     # The recording covers what it claims: text held back and released, a cut stop string.
     deltas = recorded[f"{tok_name}/text0-c1/delta"]
     assert "".join(s[0] for s in deltas) == recorded[f"{tok_name}/text0-c1/final"][0][0]

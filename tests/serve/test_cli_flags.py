@@ -105,6 +105,7 @@ FLAG_TESTS = {
     "--lora-modules": "tests/serve/test_lora_server.py::test_models_list_adapters_with_parent",
     # EngineConfig
     "--attention-backend": "tests/attention/test_backend_e2e.py::test_pallas_equals_xla_and_decode_steps_run_the_decode_kernel",
+    "--speculative-config": "tests/spec_decode/test_spec_server.py::test_completions_and_metrics",
 }
 
 

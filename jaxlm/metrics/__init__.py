@@ -1,0 +1,1 @@
+"""Metrics readers (vLLM's ``vllm.v1.metrics``)."""

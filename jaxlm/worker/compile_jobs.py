@@ -1,0 +1,48 @@
+"""The runner's programs as compile jobs: one callable per program, run at warm-up under one
+progress bar (ModelRunner.warm_up; a speculative runner adds its draft model's jobs)."""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxlm.sample.metadata import SamplerVariant
+from jaxlm.worker.step_programs import MIXED, abstract
+
+
+def compile_jobs(runner: Any) -> list[Callable[[], None]]:
+    """`runner`: a ModelRunner with its KV cache allocated; each job compiles one program and
+    keeps the executable in runner._body / runner._sample. Also sets what the programs share:
+    the sampler's param leaves and the device buffer of last sampled tokens."""
+    kv_spec, params_spec = abstract(runner.kv_caches), abstract(runner._param_leaves)
+    replicated = runner._replicated
+
+    def packed_spec(T: int, kind: str) -> jax.ShapeDtypeStruct:
+        size = sum(math.prod(shape) for shape in runner._step_shapes(T, kind).values())
+        return jax.ShapeDtypeStruct((size,), jnp.int32, sharding=replicated)
+
+    body_jit = lambda T, kind: jax.jit(runner._body_fn(T, kind), donate_argnums=(1,))  # noqa: E731
+    T0 = runner.token_buckets[0]
+    hidden_sel, _ = jax.eval_shape(body_jit(T0, MIXED), params_spec, kv_spec, packed_spec(T0, MIXED),
+                                   jax.ShapeDtypeStruct((runner.sample_capacity,), jnp.int32))
+    hidden_sel = jax.ShapeDtypeStruct(hidden_sel.shape, hidden_sel.dtype, sharding=replicated)
+    runner._find_sampler_leaves(params_spec, hidden_sel)
+    sampler_spec = [params_spec[i] for i in runner._sampler_leaf_index]
+    runner._last_tokens = runner._put(np.zeros(runner.sample_capacity, np.int32))
+    tokens_spec = jax.ShapeDtypeStruct((runner.sample_capacity,), jnp.int32, sharding=replicated)
+
+    def body(key: tuple[int, str]) -> None:
+        runner._body[key] = body_jit(*key).lower(params_spec, kv_spec, packed_spec(*key), tokens_spec).compile()
+
+    def sampler(key: tuple[int, SamplerVariant]) -> None:
+        md = runner.sampling.build_host([], *key)
+        md_spec = jax.ShapeDtypeStruct(md.packed().shape, jnp.int32, sharding=replicated)
+        runner._sample[key] = jax.jit(runner._sample_fn(key[0], md)).lower(sampler_spec, hidden_sel, md_spec).compile()
+
+    jobs = [functools.partial(body, (T, kind)) for kind, buckets in runner.body_buckets().items() for T in buckets]
+    return jobs + [functools.partial(sampler, (S, v)) for S in runner.seq_buckets for v in runner.sampling.variants()]
