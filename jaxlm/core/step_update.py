@@ -86,7 +86,7 @@ class _Step:
         sched, reqs = self.sched, self.reqs
         sched._advance_computed_batch(reqs, self.n_sched)
         if self.spec_tokens:  # speculative decoding: rejected drafts' positions roll back
-            sched.spec.roll_back(reqs, ids, self.spec_tokens, self.count, ~self.failed)
+            sched.spec.roll_back(reqs, self.ids, self.spec_tokens, self.count, ~self.failed)
         computed = gather(_computed, reqs)
         num_tokens = np.fromiter(map(len, map(_all_tokens, reqs)), np.int64, len(reqs))
         ok = ~self.failed
