@@ -30,7 +30,6 @@ from typing import Any, Iterator
 import jax
 from jax.experimental import serialize_executable
 
-import jaxlm
 from jaxlm.config import EngineConfig
 
 logger = logging.getLogger(__name__)
@@ -42,7 +41,7 @@ _KEEP = 4  # entries kept per directory (a changed config or jaxlm leaves its ol
 
 def code_fingerprint() -> str:
     """A hash of every jaxlm source file (what the programs are traced from)."""
-    root = os.path.dirname(os.path.abspath(jaxlm.__file__))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the jaxlm package
     h = hashlib.sha256()
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()

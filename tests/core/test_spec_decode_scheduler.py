@@ -135,7 +135,7 @@ def test_outputs_equal_no_speculation(k, case):
     # Drafts count against the budget, and every step holds at most 1 + k tokens per request.
     for so in result.steps:
         for rid, drafts in so.scheduled_spec_decode_tokens.items():
-            assert 1 <= len(drafts) <= k and so.num_scheduled_tokens[rid] == 1 + len(drafts)
+            assert 0 < len(drafts) <= k and so.num_scheduled_tokens[rid] == 1 + len(drafts)
 
 
 def test_eos_and_max_tokens_inside_an_accepted_run():
