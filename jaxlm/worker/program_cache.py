@@ -13,8 +13,8 @@ cache comes out of serialization without its functions on XLA:CPU (jax 0.10: "Fu
 not found" when run), so a start whose programs came from JAX's cache writes no file here (the
 next cold compile does).
 It lives beside the compilation cache (`<compilation cache>/jaxlm-programs/`) and is off with
-it; only single-process, single-device runners use it (a mesh's device assignment is not part
-of the key). The newest few entries are kept (a load refreshes its file's time), older ones removed.
+it; only a single process that sees one device uses it (a loaded executable binds to every
+local device, and the device assignment is not part of the key). The newest few entries are kept (a load refreshes its file's time), older ones removed.
 """
 
 from __future__ import annotations
@@ -84,10 +84,12 @@ class ProgramCache:
     @classmethod
     def for_runner(cls, config: EngineConfig, mesh: Any, param_leaves: list[Any], kv_caches: list[Any],
                    programs: Any) -> ProgramCache:
-        """The runner's cache file; off when the compilation cache is, or when the runner spans
-        several devices or processes."""
+        """The runner's cache file; off when the compilation cache is, or when the process sees
+        several devices or runs with others."""
         cache_dir = config.compilation_config.resolved_cache_dir()
-        if cache_dir is None or jax.process_count() > 1 or (mesh is not None and mesh.size > 1):
+        # Several local devices: a loaded executable binds to all of them, not to the runner's one.
+        if cache_dir is None or jax.process_count() > 1 or jax.local_device_count() > 1 or (
+                mesh is not None and mesh.size > 1):
             return cls(None)
         key = program_key(config, param_leaves, kv_caches, programs)
         return cls(os.path.join(cache_dir, "jaxlm-programs", f"{key}.pkl"))

@@ -1,6 +1,7 @@
 """Engine starts for tests/worker/test_program_cache.py, in a fresh process whose JAX
 compilation cache is the test's own (empty) directory, so the first start compiles every
-program itself. Usage: python -m tests.helpers.program_cache_cases MODEL CACHE_DIR OUT_JSON"""
+program itself. Usage: python -m tests.helpers.program_cache_cases MODEL CACHE_DIR OUT_JSON [eight]
+("eight": one start in a process that sees eight host devices, where the cache is off)."""
 
 import glob
 import json
@@ -29,7 +30,11 @@ def start(model: str, cache_dir: str, **over) -> dict:
     return result
 
 
-def main(model: str, cache_dir: str, out: str) -> None:
+def main(model: str, cache_dir: str, out: str, mode: str = "") -> None:
+    if mode == "eight":
+        with open(out, "w") as f:
+            json.dump(start(model, cache_dir), f)
+        return
     results = {"first": start(model, cache_dir), "second": start(model, cache_dir)}
     # Another config (one more sequence bucket): its body programs come from JAX's cache.
     results["other"] = start(model, cache_dir, seq_buckets=[2, 4])

@@ -20,9 +20,22 @@ def starts(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("program_cache")
     model = make_tiny_engine_model("llama", tmp / "tiny")
     out = tmp / "out.json"
+    # One device, as the cache requires (other test modules widen XLA_FLAGS to 8 host devices).
+    flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f)
     subprocess.run([sys.executable, "-m", "tests.helpers.program_cache_cases", model, str(tmp / "xla"), str(out)],
-                   cwd=ROOT, check=True, timeout=600)
-    return json.loads(out.read_text())
+                   cwd=ROOT, check=True, timeout=600, env=dict(os.environ, XLA_FLAGS=flags))
+    results = json.loads(out.read_text())
+    eight = tmp / "eight.json"
+    subprocess.run([sys.executable, "-m", "tests.helpers.program_cache_cases", model, str(tmp / "xla8"), str(eight),
+                    "eight"], cwd=ROOT, check=True, timeout=600,
+                   env=dict(os.environ, XLA_FLAGS=flags + " --xla_force_host_platform_device_count=8"))
+    results["eight_devices"] = json.loads(eight.read_text())
+    return results
+
+
+def test_several_local_devices_turn_the_cache_off(starts):
+    # A loaded executable would bind to all eight devices and refuse the runner's one-device inputs.
+    assert starts["eight_devices"]["from_cache"] == 0 and starts["eight_devices"]["files"] == [], starts
 
 
 def test_the_first_start_writes_one_file(starts):
