@@ -15,43 +15,15 @@ import jaxlm.attention.xla_tiles as xla_tiles
 from jaxlm.attention.metadata import AttentionMetadata
 from jaxlm.attention.xla_backend import paged_attention_xla
 from kernels_pallas.reference import ragged_paged_reference, write_kv_reference
+from tests.helpers.ragged_batch import ragged_step
 
 
 def _step(rng, rows, bs, hq, hkv, d, pad_tokens=3, pad_rows=2):
     """rows: (context_len, query_len) each. Cache of NaN with each row's context written;
     returns (q, k, v, cache, md) with the step's new K/V apart, as a model hands them over."""
-    pages = max(-(-(c + n) // bs) for c, n in rows) + 1
-    nb = sum(-(-(c + n) // bs) for c, n in rows) + 2
-    cache = np.full((2, nb, bs, hkv, d), np.nan, np.float32)
-    free = list(rng.permutation(nb))
-    tables, pos, slots, tok_req, new_kv = [], [], [], [], []
-    for r, (ctx, ql) in enumerate(rows):
-        blocks = [int(free.pop()) for _ in range(-(-(ctx + ql) // bs))]
-        tables.append(blocks + [free[0]] * (pages - len(blocks)))  # padding -> a NaN page
-        kv = rng.standard_normal((2, ctx + ql, hkv, d)).astype(np.float32)
-        for p in range(ctx):
-            cache[:, blocks[p // bs], p % bs] = kv[:, p]
-        for p in range(ctx, ctx + ql):
-            pos.append(p)
-            slots.append(blocks[p // bs] * bs + p % bs)
-            tok_req.append(r)
-        new_kv.append(kv[:, ctx:])
-    n_rows = len(rows) + pad_rows
-    pos += [0] * pad_tokens
-    slots += [-1] * pad_tokens
-    tok_req += [n_rows - 1] * pad_tokens
-    tables += [[0] * pages] * pad_rows
-    qlens = [n for _, n in rows] + [0] * pad_rows
-    i32 = lambda x: jnp.asarray(np.asarray(x), jnp.int32)  # noqa: E731
-    md = AttentionMetadata(
-        positions=i32(pos), slot_mapping=i32(slots), token_to_req=i32(tok_req),
-        block_tables=i32(tables), seq_lens=i32([c + n for c, n in rows] + [0] * pad_rows),
-        context_lens=i32([c for c, _ in rows] + [0] * pad_rows),
-        query_start_loc=i32(np.concatenate([[0], np.cumsum(qlens)])))
-    junk = np.full((2, pad_tokens, hkv, d), np.nan, np.float32)
-    k, v = np.concatenate(new_kv + [junk], axis=1)
-    q = rng.standard_normal((len(pos), hq, d)).astype(np.float32)
-    q[len(pos) - pad_tokens:] = np.nan  # padding query slots hold garbage too
+    cache, (k, v), md = ragged_step(rng, rows, bs, hkv, d, garbage=np.nan, pad_tokens=pad_tokens, pad_rows=pad_rows)
+    q = rng.standard_normal((k.shape[0], hq, d)).astype(np.float32)
+    q[k.shape[0] - pad_tokens:] = np.nan  # padding query slots hold garbage too
     return jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.asarray(cache), md
 
 

@@ -10,10 +10,10 @@ import jax.numpy as jnp
 import pytest
 
 from jaxlm.attention.backends import get_attention_backend
-from jaxlm.attention.metadata import AttentionMetadata
 from jaxlm.attention.pallas_backend import PallasBackend, PallasConstraints, make_pallas_backend
 from jaxlm.attention.xla_backend import paged_attention_xla
 from kp_helpers import assert_close
+from tests.helpers.ragged_batch import ragged_step
 
 # The XLA reference multiplies masked V rows by 0, so NaN garbage would reach *its* output;
 # against it we use a large finite garbage value (the kernels' own NaN tests are elsewhere).
@@ -22,37 +22,8 @@ GARBAGE = 3e3
 
 def _batch(rng, reqs, bs, hkv, d, pages_per_req, pad_tokens, pad_rows, dtype):
     """reqs: (context_len, query_len) per row. Cached context written, new K/V returned."""
-    nb = sum(-(-(c + n) // bs) for c, n in reqs) + 4
-    cache = np.full((2, nb, bs, hkv, d), GARBAGE, np.float32)
-    free = list(rng.permutation(nb))
-    tables, pos, slots, tok_req, new_k, new_v = [], [], [], [], [], []
-    for r, (ctx, ql) in enumerate(reqs):
-        blocks = [free.pop() for _ in range(-(-(ctx + ql) // bs))]
-        tables.append(blocks + [0] * (pages_per_req - len(blocks)))
-        kv = rng.standard_normal((2, ctx + ql, hkv, d)).astype(np.float32)
-        for p in range(ctx):
-            cache[:, blocks[p // bs], p % bs] = kv[:, p]
-        for p in range(ctx, ctx + ql):
-            pos.append(p)
-            slots.append(blocks[p // bs] * bs + p % bs)
-            tok_req.append(r)
-        new_k.append(kv[0, ctx:])
-        new_v.append(kv[1, ctx:])
-    n_rows = len(reqs) + pad_rows
-    pos += [0] * pad_tokens
-    slots += [-1] * pad_tokens
-    tok_req += [n_rows - 1] * pad_tokens
-    tables += [[0] * pages_per_req] * pad_rows
-    qlens = [n for _, n in reqs] + [0] * pad_rows
-    i32 = lambda x: jnp.asarray(np.asarray(x), jnp.int32)  # noqa: E731
-    md = AttentionMetadata(
-        positions=i32(pos), slot_mapping=i32(slots), token_to_req=i32(tok_req),
-        block_tables=i32(tables), seq_lens=i32([c + n for c, n in reqs] + [0] * pad_rows),
-        context_lens=i32([c for c, _ in reqs] + [0] * pad_rows),
-        query_start_loc=i32(np.concatenate([[0], np.cumsum(qlens)])))
-    junk = np.full((pad_tokens, hkv, d), GARBAGE, np.float32)
-    k = np.concatenate(new_k + [junk])
-    v = np.concatenate(new_v + [junk])
+    cache, (k, v), md = ragged_step(rng, reqs, bs, hkv, d, garbage=GARBAGE, pages=pages_per_req, spare_blocks=4,
+                                    pad_page=0, pad_tokens=pad_tokens, pad_rows=pad_rows)
     return (jnp.asarray(cache, dtype), jnp.asarray(k, dtype), jnp.asarray(v, dtype), md)
 
 
