@@ -161,6 +161,9 @@ def bench_spec(model: str | None, spec: dict, workload: str, batch: int, variant
         for name, llm in engines.items():
             runs[name].append(_run(llm, prompts, max_tokens, ignore_eos))
             runs[name][-1]["steps"] = probes[name].take()
+            r = runs[name][-1]  # as it goes: a run cut short still says something
+            print(f"  rep {len(runs[name])} {name}: out tok/s {r['out_tok_s']:.1f}, {r['tokens']} tokens, "
+                  f"{len(r['steps'])} steps", flush=True)
     print(f"workload {workload}: {len(prompts)} prompts, batch {batch}, k={k}, spec {json.dumps(spec)}")
     base = statistics.median(r["out_tok_s"] for r in runs["off"])
     base_sync = statistics.median(r["out_tok_s"] for r in runs["off-sync"]) if off_sync else None
