@@ -277,7 +277,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--spec-batch", type=int, default=1, help="max_num_seqs of the speculative comparison")
     p.add_argument("--spec-also", type=json.loads, nargs="*", default=[],
                    help="more speculating engines: fields over --speculative-config, e.g. '{\"disable_by_batch_size\": 16}'")
-    p.add_argument("--spec-reps", type=int, default=3, help="runs of each engine, in turn (medians)")
+    p.add_argument("--spec-reps", type=int, default=3,
+                   help="runs of each engine, in turn (medians); 0 builds the engines only (warms the compile caches)")
+    p.add_argument("--spec-off-sync", action="store_true",
+                   help="also the engine without speculation under synchronous scheduling (as a speculating step runs)")
     p.add_argument("--lora-modules", nargs="*", default=None, metavar="NAME=PATH",
                    help="LoRA figures with these adapters (none given: random ones of --lora-rank)")
     p.add_argument("--lora-rank", type=int, default=16, help="rank of the random adapters (and max_lora_rank)")
@@ -338,7 +341,7 @@ def main(argv: list[str] | None = None) -> None:
         cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
         print(f"CPU {cpu}, {os.cpu_count()} cores, load average {os.getloadavg()}", flush=True)
         res = bench_spec.bench_spec(args.model, args.speculative_config, args.spec_workload, args.spec_batch,
-                                    args.spec_also, args.spec_reps, args.dtype)
+                                    args.spec_also, args.spec_reps, args.dtype, args.spec_off_sync)
         print(f"load average after: {os.getloadavg()}")
         if args.json:
             with open(args.json, "w") as f:

@@ -13,7 +13,9 @@ out; SmolLM2 tends to loop on them, which n-gram lookup does find), mixed (scrip
 requests at once). The engines (without speculation, with it, and with each --spec-also variant)
 are built once and run in turn, --spec-reps times; it prints each one's median output tok/s and
 decode tok/s, the ratio to the engine without speculation, and the speculating engines'
-acceptance rate, mean acceptance length (drafts + bonus per verify step) and per-position rates.
+acceptance rate, mean acceptance length (drafts + bonus per verify step) and per-position rates, and
+for every engine its steps: the share that verified drafts, output tokens per step, median step
+times by kind (scripts/spec_step_probe.py).
 "model": "SAME" in the config stands for the target model (the draft = target check).
 """
 
@@ -25,6 +27,7 @@ import time
 from typing import Any
 
 import numpy as np
+from spec_step_probe import StepProbe, describe, summarize
 
 PARAGRAPHS = [
     "The river town woke slowly. Fishermen pushed their boats into the grey water while the baker "
@@ -127,7 +130,7 @@ def _run(llm: Any, prompts: list[list[int]], max_tokens: list[int], ignore_eos: 
 
 
 def bench_spec(model: str | None, spec: dict, workload: str, batch: int, variants: list[dict], reps: int,
-               dtype: str = "auto") -> dict:
+               dtype: str = "auto", off_sync: bool = False) -> dict:
     from jaxlm import LLM
     from jaxlm.model_loader.formats import default_model_path
 
@@ -143,24 +146,37 @@ def bench_spec(model: str | None, spec: dict, workload: str, batch: int, variant
         ks = {k} | {int(v.get("num_speculative_tokens", k)) for v in variants}
         kw["token_buckets"] = sorted({1, budget} | {1 + x for x in ks})
     engines: dict[str, Any] = {"off": LLM(**kw)}
+    if off_sync:  # a speculating step runs synchronously: the same engine without speculation, sync too
+        engines["off-sync"] = LLM(async_scheduling=False, **kw)
     engines["spec"] = LLM(speculative_config=spec, **kw)
     for i, extra in enumerate(variants):
         engines[f"spec+{json.dumps(extra)}"] = LLM(speculative_config=dict(spec, **extra), **kw)
+    if reps == 0:  # engines built only: fills the compile caches outside a timed run
+        return {}
     tok = engines["off"].get_tokenizer()
     prompts, max_tokens, ignore_eos = _workload(workload, tok, int(engines["off"].llm_engine.model_config.hf_config.vocab_size), batch)
     runs: dict[str, list[dict]] = {name: [] for name in engines}
+    probes = {name: StepProbe(llm) for name, llm in engines.items()}
     for _ in range(reps):
         for name, llm in engines.items():
             runs[name].append(_run(llm, prompts, max_tokens, ignore_eos))
+            runs[name][-1]["steps"] = probes[name].take()
+            r = runs[name][-1]  # as it goes: a run cut short still says something
+            print(f"  rep {len(runs[name])} {name}: out tok/s {r['out_tok_s']:.1f}, {r['tokens']} tokens, "
+                  f"{len(r['steps'])} steps", flush=True)
     print(f"workload {workload}: {len(prompts)} prompts, batch {batch}, k={k}, spec {json.dumps(spec)}")
     base = statistics.median(r["out_tok_s"] for r in runs["off"])
+    base_sync = statistics.median(r["out_tok_s"] for r in runs["off-sync"]) if off_sync else None
     result = {}
     for name, rs in runs.items():
         out_tok_s = statistics.median(r["out_tok_s"] for r in rs)
         decode = statistics.median(r["decode_tok_s"] for r in rs)
         line = f"  {name:<40} out tok/s {out_tok_s:7.1f}  decode tok/s {decode:7.1f}  x{out_tok_s / base:.2f}"
+        if base_sync and not name.startswith("off"):
+            line += f" (x{out_tok_s / base_sync:.2f} vs off-sync)"
         drafts, drafted, accepted = (sum(r[key] for r in rs) for key in ("drafts", "draft_tokens", "accepted"))
-        entry = {"out_tok_s": out_tok_s, "decode_tok_s": decode, "ratio": out_tok_s / base}
+        entry = {"out_tok_s": out_tok_s, "decode_tok_s": decode, "ratio": out_tok_s / base,
+                 "ratio_vs_off_sync": out_tok_s / base_sync if base_sync else None}
         if drafts:
             per_pos = np.sum([r["per_pos"] for r in rs], axis=0) / drafts
             entry.update(acceptance_rate=accepted / drafted, mean_acceptance_length=1 + accepted / drafts,
@@ -168,8 +184,10 @@ def bench_spec(model: str | None, spec: dict, workload: str, batch: int, variant
             line += (f"  acceptance {accepted / drafted:.1%}  mean acceptance length {1 + accepted / drafts:.2f}"
                      f"  per position {', '.join(f'{p:.2f}' for p in per_pos)}")
         same = rs[-1]["texts"] == runs["off"][-1]["texts"]
-        line += "" if name == "off" else f"  greedy outputs {'identical' if same else 'DIFFER'}"
-        print(line, flush=True)
+        line += "" if name.startswith("off") else f"  greedy outputs {'identical' if same else 'DIFFER'}"
+        steps = summarize([s for r in rs for s in r["steps"]], sum(r["tokens"] for r in rs))
+        entry["steps"] = steps
+        print(line + "\n      " + describe(steps), flush=True)
         result[name] = entry
     for name, llm in engines.items():
         assert llm.llm_engine.get_model_runner().num_compiles_after_warmup == 0, name
