@@ -36,7 +36,8 @@ def _child_main(model_dir: str, async_mode: str) -> None:
     print(_TAG + json.dumps({"ready": True}), flush=True)
     for line in sys.stdin:
         req = json.loads(line)
-        r = bench_host.measure_batch(llm, req["batch"], 16, req["output_len"], output_kind=req["output_kind"])
+        r = bench_host.measure_batch(llm, req["batch"], 16, req["output_len"], output_kind=req["output_kind"],
+                                     with_device=req.get("device_time", False))
         r["compiles"] = bench_host.model_runner(llm.llm_engine).num_compiles_after_warmup
         print(_TAG + json.dumps(r), flush=True)
 
@@ -57,8 +58,9 @@ class _Child:
                 return json.loads(line[len(_TAG):])
         raise RuntimeError(f"the child for {self.tree} exited ({self.proc.wait()})")
 
-    def measure(self, batch: int, output_len: int, output_kind: str) -> dict:
-        self.proc.stdin.write(json.dumps({"batch": batch, "output_len": output_len, "output_kind": output_kind}) + "\n")
+    def measure(self, batch: int, output_len: int, output_kind: str, device_time: bool = False) -> dict:
+        req = {"batch": batch, "output_len": output_len, "output_kind": output_kind, "device_time": device_time}
+        self.proc.stdin.write(json.dumps(req) + "\n")
         self.proc.stdin.flush()
         return self._read()
 
@@ -82,6 +84,8 @@ def main(argv: list[str] | None = None) -> None:
                         "SamplingParams' default) or FINAL_ONLY (LLM.generate's)")
     p.add_argument("--async-mode", default="default", choices=["default", "on", "off"],
                    help="this checkout's async scheduling (the other runs its default)")
+    p.add_argument("--device-time", action="store_true",
+                   help="also replay each side's last decode step's programs alone (its device time)")
     a = p.parse_args(argv)
     sys.path.insert(0, _HERE)
     from tests.helpers.tiny_models import make_tiny_engine_model
@@ -102,10 +106,11 @@ def main(argv: list[str] | None = None) -> None:
             for b in a.batches:
                 pair = [("this", here), ("other", there)]
                 order = pair if rnd % 2 == 0 else pair[::-1]
-                res = {name: child.measure(b, a.output_len, a.output_kind) for name, child in order}
+                res = {name: child.measure(b, a.output_len, a.output_kind, a.device_time) for name, child in order}
                 for name, r in res.items():
                     ms.setdefault((name, b), []).append(r["ms_median"])
-                    print(f"round {rnd} batch {b:>3} {name:>5}: {r['ms_median']:.3f} ms/step  {_parts(r)}"
+                    dev = f", device {r['device_ms']:.3f} ms" if "device_ms" in r else ""
+                    print(f"round {rnd} batch {b:>3} {name:>5}: {r['ms_median']:.3f} ms/step{dev}  {_parts(r)}"
                           f"  (compiles after warm-up: {r['compiles']})", flush=True)
                 ratios[b].append(res["other"]["ms_median"] / res["this"]["ms_median"])
                 cpu_ratios[b].append(res["other"]["cpu_ms_median"] / res["this"]["cpu_ms_median"])

@@ -60,7 +60,10 @@ def paged_attention_xla(
     qf = q.astype(jnp.float32).reshape(T, Hkv, Hq // Hkv, D) * scale
     rows = tile_rows(md)
     kw = dict(window=sliding_window, cap=logits_soft_cap)
-    if md.max_query_len == 1:  # decode-only step (static): every row is a decode row
+    # Decode-only (static): every row is a decode row. Bucket 1 is one too; without the tile
+    # loop there, XLA no longer fuses the cache write into hoisted page gathers (which made it
+    # copy the whole cache every step: see tests/attention/test_kv_in_place.py).
+    if md.max_query_len == 1 or T == 1:
         out = jnp.zeros_like(qf)
     else:
         out = attend_tiles(qf, kv_cache, md, rows, **kw)
