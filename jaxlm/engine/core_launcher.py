@@ -12,12 +12,15 @@ core_client.prepare_frontend_process), which is what a core gets anyway.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import multiprocessing
 from typing import Any
 
 logger = logging.getLogger(__name__)
 
+_HF_CONFIG_BASES = ("transformers.configuration_utils", "transformers.utils.type_validators",
+                    "transformers.models.auto.auto_factory")
 # How long an unused child gets to exit after SIGTERM before it is killed.
 _CANCEL_TIMEOUT_S = 5.0
 
@@ -33,6 +36,15 @@ def _preload_and_wait(conn: Any) -> None:
     import jaxlm.model_loader.loader  # noqa: F401
     import jaxlm.models.registry  # noqa: F401
     import jaxlm.worker.worker  # noqa: F401
+    import zmq  # noqa: F401
+
+    # Unpickling the config's transformers class imports what every HF config module needs
+    # (torch among it, ~1-2 s): those shared parts now. Internal paths, so only where they exist.
+    for name in _HF_CONFIG_BASES:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
 
     try:
         args = conn.recv()
