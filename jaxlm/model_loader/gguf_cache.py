@@ -76,14 +76,15 @@ def _write_through(arrays: Iterator[tuple[str, np.ndarray]], entry: str) -> Iter
                     out.close()
                     out = None
             yield name, arr
-        if out is not None:
-            out.close()
-            with open(os.path.join(tmp, "index.json"), "w", encoding="utf-8") as f:
-                json.dump(index, f)
-            os.replace(tmp, entry)  # atomic: a reader never sees half an entry
-            logger.info("converted GGUF weights cached in %s (%.0f MiB)", entry, offset / 2**20)
-    except OSError as e:  # another process published the entry first, or the index write failed
-        logger.info("converted GGUF weights not cached in %s: %s", entry, e)
+        if out is not None:  # every array converted and written: publish (the converter's errors propagate)
+            try:
+                out.close()
+                with open(os.path.join(tmp, "index.json"), "w", encoding="utf-8") as f:
+                    json.dump(index, f)
+                os.replace(tmp, entry)  # atomic: a reader never sees half an entry
+                logger.info("converted GGUF weights cached in %s (%.0f MiB)", entry, offset / 2**20)
+            except OSError as e:  # another process published the entry first, or the index write failed
+                logger.info("converted GGUF weights not cached in %s: %s", entry, e)
     finally:
         if out is not None and not out.closed:
             out.close()

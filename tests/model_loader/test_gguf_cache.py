@@ -80,3 +80,20 @@ def test_second_load_reads_the_converted_weights(gguf_file, conversions, tmp_pat
     load(gguf_file)
     load(gguf_file)
     assert conversions == [gguf_file] * 5 and len(_entries(cache)) == 2
+
+
+def test_a_failing_conversion_fails_the_load_and_publishes_nothing(gguf_file, tmp_path, monkeypatch):
+    cache = str(tmp_path / "cache")
+    monkeypatch.setenv("JAXLM_CACHE_DIR", cache)
+    real = gguf_utils.iterate_gguf_weights
+
+    def broken(reader, path):
+        for i, item in enumerate(real(reader, path)):
+            if i == 2:
+                raise OSError("read error in the middle of the file")
+            yield item
+
+    monkeypatch.setattr(gguf_utils, "iterate_gguf_weights", broken)
+    with pytest.raises(OSError, match="read error"):
+        load(gguf_file)
+    assert _entries(cache) == []  # neither an entry nor a leftover temporary directory
