@@ -77,11 +77,12 @@ class AsyncLLMEngine:
             raise self._init_error
 
     @classmethod
-    def from_engine_args(cls, engine_args: "EngineArgs") -> "AsyncLLMEngine":
+    def from_engine_args(cls, engine_args: "EngineArgs", core_launcher: Any = None) -> "AsyncLLMEngine":
         from jaxlm.engine.llm_engine import LLMEngine
 
-        # The engine core in its own process(es): data_parallel_size of them.
-        return cls(lambda: LLMEngine.from_engine_args(engine_args, multiprocess=True))
+        # The engine core in its own process(es): data_parallel_size of them (the first one
+        # possibly already started by the server, core_launcher).
+        return cls(lambda: LLMEngine.from_engine_args(engine_args, multiprocess=True, core_launcher=core_launcher))
 
     # ---------------------------------------------------------------- properties
     @property

@@ -206,7 +206,7 @@ class EngineCoreProc:
                         parent_pid: int, env: dict[str, str | None]) -> None:
         """The child process's entry point (multiprocessing 'spawn': jax is not fork-safe). env:
         variables to set (None: unset) before jax starts, e.g. this core's share of the devices."""
-        _die_with_parent()
+        die_with_parent()
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent drains, then sends SHUTDOWN
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         for key, value in env.items():
@@ -297,7 +297,7 @@ class EngineCoreProc:
         self.output_socket.send_multipart([MSG_OUTPUTS, self.encoder.encode(outputs)], copy=False)
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Linux: SIGKILL this process when its parent dies (the busy loop's getppid check covers
     the rest)."""
     try:

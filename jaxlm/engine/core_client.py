@@ -17,7 +17,7 @@ import os
 import shutil
 import tempfile
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jaxlm.config import EngineConfig
 from jaxlm.core.stats import SchedulerStats
@@ -26,6 +26,9 @@ from jaxlm.engine.exceptions import EngineDeadError
 from jaxlm.engine.messages import (
     MSG_FAILED, MSG_OUTPUTS, MSG_READY, EngineCoreOutputs, EngineCoreReady, EngineCoreRequest,
     EngineCoreRequestType, MsgpackDecoder, MsgpackEncoder)
+
+if TYPE_CHECKING:
+    from jaxlm.engine.core_launcher import CoreLauncher
 
 logger = logging.getLogger(__name__)
 
@@ -41,9 +44,13 @@ class EngineCoreClient(abc.ABC):
     num_engines: int = 1
 
     @staticmethod
-    def make_client(config: EngineConfig, multiprocess: bool,
-                    core_env: dict[str, str | None] | None = None) -> "EngineCoreClient":
-        """core_env: environment changes for the core processes (see prepare_frontend_process)."""
+    def make_client(config: EngineConfig, multiprocess: bool, core_env: dict[str, str | None] | None = None,
+                    core_launcher: "CoreLauncher | None" = None) -> "EngineCoreClient":
+        """core_env: environment changes for the core processes (see prepare_frontend_process);
+        core_launcher: a single core's process, already started (the server's)."""
+        if core_launcher is not None and (not multiprocess or config.parallel_config.data_parallel_size > 1):
+            core_launcher.cancel()  # the core runs here, or several run: the early one is not it
+            core_launcher = None
         if not multiprocess:
             if config.parallel_config.data_parallel_size > 1:
                 raise ValueError("data_parallel_size > 1 runs one engine-core process per replica: "
@@ -51,7 +58,7 @@ class EngineCoreClient(abc.ABC):
             return InprocClient(config)
         if config.parallel_config.data_parallel_size > 1:
             return DPLBSyncMPClient(config, core_env)
-        return SyncMPClient(config, core_env)
+        return SyncMPClient(config, core_env, core_launcher)
 
     @abc.abstractmethod
     def add_request(self, requests: list[EngineCoreRequest]) -> int:
@@ -139,7 +146,8 @@ class SyncMPClient(EngineCoreClient):
     """data_parallel_size engine-core processes (one unless DP), started and warmed up before
     the constructor returns; the parent owns their lifecycle (SHUTDOWN, then kill)."""
 
-    def __init__(self, config: EngineConfig, core_env: dict[str, str | None] | None = None) -> None:
+    def __init__(self, config: EngineConfig, core_env: dict[str, str | None] | None = None,
+                 core_launcher: "CoreLauncher | None" = None) -> None:
         import zmq
 
         self.num_engines = config.parallel_config.data_parallel_size
@@ -168,10 +176,13 @@ class SyncMPClient(EngineCoreClient):
                 if self.num_engines > 1:  # data parallel: this core's share of the accelerators
                     env["CUDA_VISIBLE_DEVICES"] = ",".join(
                         str(d) for d in range(i * devices_per_core, (i + 1) * devices_per_core))
-                process = spawn.Process(target=EngineCoreProc.run_engine_core, name=f"EngineCore_{i}",
-                                        args=(config, i, input_addr, output_addr, os.getpid(), env),
-                                        daemon=True)
-                process.start()
+                run_args = (config, i, input_addr, output_addr, os.getpid(), env)
+                if core_launcher is not None:  # started before the front end: its imports are done
+                    process = core_launcher.launch(*run_args)
+                else:
+                    process = spawn.Process(target=EngineCoreProc.run_engine_core, name=f"EngineCore_{i}",
+                                            args=run_args, daemon=True)
+                    process.start()
                 self.cores.append(_CoreHandle(i, process, input_socket))
             self._poller = zmq.Poller()
             self._poller.register(self._output_socket, zmq.POLLIN)

@@ -49,7 +49,7 @@ class LLMEngine:
     """The front end: input processing, output processing (detokenization) and an engine-core
     client; the scheduler and the executor live in the core (this process or a child)."""
 
-    def __init__(self, config: EngineConfig, *, multiprocess: bool = False):
+    def __init__(self, config: EngineConfig, *, multiprocess: bool = False, core_launcher: Any = None):
         self.engine_config = config
         init_distributed(config.parallel_config)  # several nodes: before anything touches a backend
         if config.parallel_config.nnodes > 1:
@@ -90,7 +90,7 @@ class LLMEngine:
         self.lora_checker = LoRAChecker(mc, config.lora_config)
         self.output_processor = OutputProcessor(self.tokenizer)
         # Builds (and warms up) the core(s): in this process, or engine-core processes.
-        self.engine_core = EngineCoreClient.make_client(config, multiprocess, core_env)
+        self.engine_core = EngineCoreClient.make_client(config, multiprocess, core_env, core_launcher)
         # Internal ids (client id + serial) of unfinished requests.
         self._live_ids: set[str] = set()
         self._serial = itertools.count()
@@ -103,8 +103,10 @@ class LLMEngine:
         self.stat_logger = None if config.observability_config.disable_log_stats else LoggingStatLogger()
 
     @classmethod
-    def from_engine_args(cls, engine_args: EngineArgs, *, multiprocess: bool = False) -> "LLMEngine":
-        return cls(engine_args.create_engine_config(), multiprocess=multiprocess)
+    def from_engine_args(cls, engine_args: EngineArgs, *, multiprocess: bool = False,
+                         core_launcher: Any = None) -> "LLMEngine":
+        """core_launcher: the server's engine-core process, started early (engine/core_launcher.py)."""
+        return cls(engine_args.create_engine_config(), multiprocess=multiprocess, core_launcher=core_launcher)
 
     def _inproc_core(self) -> EngineCore:
         if not isinstance(self.engine_core, InprocClient):

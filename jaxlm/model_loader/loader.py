@@ -143,11 +143,11 @@ class GGUFModelLoader(BaseModelLoader):
     """llama.cpp GGUF files (llama, qwen2), dequantized to float on the host tensor by tensor."""
 
     def iterate_weights(self, model_config: ModelConfig) -> Iterator[tuple[str, str, np.ndarray]]:
+        from jaxlm.model_loader.gguf_cache import cached_gguf_weights
         from jaxlm.model_loader.gguf_utils import iterate_gguf_weights, open_gguf
 
         path = find_gguf_file(str(model_config.model))
-        reader = open_gguf(path)
-        for name, arr in iterate_gguf_weights(reader, path):
+        for name, arr in cached_gguf_weights(path, lambda: iterate_gguf_weights(open_gguf(path), path)):
             yield path, name, arr
 
 

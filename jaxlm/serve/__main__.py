@@ -20,18 +20,28 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m jaxlm.serve")
         from jaxlm.executor.multihost_executor import run_headless
 
         return run_headless(args)
+    core_launcher = None
     try:
+        if args.data_parallel_size == 1 and args.nnodes == 1:
+            # The engine core's process first: it imports jax and the model code while this
+            # process imports the front end (fastapi, transformers) and loads the tokenizer.
+            from jaxlm.engine.core_launcher import CoreLauncher
+
+            core_launcher = CoreLauncher()
         # Imported after parsing: --help and flag errors never load jax, fastapi or the engine.
         from jaxlm.serve.api_server import AddressInUseError, run_server
 
         try:
-            return run_server(args)
+            return run_server(args, core_launcher=core_launcher)
         except AddressInUseError as e:
             logger.error("%s", e)
             return 1
     except KeyboardInterrupt:  # Ctrl-C before serving started: no traceback
         logger.info("interrupted")
         return 130
+    finally:
+        if core_launcher is not None:
+            core_launcher.cancel()  # never handed its config (the engine failed first): end it
 
 
 if __name__ == "__main__":

@@ -182,12 +182,12 @@ def _watch_engine(engine: AsyncLLMEngine, server: uvicorn.Server) -> None:
     timer.start()
 
 
-def run_server(args: argparse.Namespace, engine: AsyncLLMEngine | None = None) -> int:
+def run_server(args: argparse.Namespace, engine: AsyncLLMEngine | None = None, core_launcher: Any = None) -> int:
     """Listens, loads the engine, serves until SIGTERM/SIGINT, drains and returns 0; returns 1
-    when the engine died."""
+    when the engine died. core_launcher: the engine core's process, started early by the CLI."""
     sock = create_server_socket(args.host, args.port)
     if engine is None:
-        engine = AsyncLLMEngine.from_engine_args(EngineArgs.from_cli_args(args))
+        engine = AsyncLLMEngine.from_engine_args(EngineArgs.from_cli_args(args), core_launcher=core_launcher)
     app = build_app(args)
     init_app_state(engine, app.state, args)
     server = build_server(app, args)

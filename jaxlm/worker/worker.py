@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import logging
+
 import jax
 import numpy as np
 import psutil
@@ -20,6 +22,17 @@ from jaxlm.worker.pipeline_runner import PipelineModelRunner
 # CPU has no device memory to measure: the KV cache defaults to this much RAM (vLLM's CPU
 # backend default too), capped by half the free RAM and by what the limits can ever use.
 _CPU_DEFAULT_KV_BYTES = 4 << 30
+# Free RAM drifts between starts; a KV cache sized from it exactly would change shape each time,
+# and a new shape is a new program for every compile cache. Kept to this many significant bits.
+_CPU_RAM_BUDGET_BITS = 2
+
+logger = logging.getLogger(__name__)
+
+
+def round_down_significant_bits(n: int, bits: int) -> int:
+    """n with all but its `bits` leading binary digits cleared (7 -> 6, 5 -> 4 for bits=2)."""
+    drop = max(int(n).bit_length() - bits, 0)
+    return (int(n) >> drop) << drop
 
 
 class Worker:
@@ -63,7 +76,13 @@ class Worker:
         elif jax.default_backend() == "cpu":
             sched = self.config.scheduler_config
             useful = (sched.max_num_seqs * -(-sched.max_model_len // cache.block_size) + 1) * per_block
-            budget = min(_CPU_DEFAULT_KV_BYTES, psutil.virtual_memory().available // 2, useful)
+            free_half = psutil.virtual_memory().available // 2
+            ram_budget = round_down_significant_bits(free_half, _CPU_RAM_BUDGET_BITS)
+            budget = min(_CPU_DEFAULT_KV_BYTES, ram_budget, useful)
+            if ram_budget < min(_CPU_DEFAULT_KV_BYTES, useful):
+                logger.info("CPU KV cache: half the free RAM (%.2f GiB) rounded down to %.2f GiB, so that a restart "
+                            "gets the same cache shape and reuses its compiled programs", free_half / 2**30,
+                            ram_budget / 2**30)
         else:
             # Measured per device, so sized by what one device holds of a block (its KV heads).
             stats = self.mesh.devices.flat[0].memory_stats() or {}
