@@ -28,9 +28,6 @@ from jaxlm.attention.xla_tiles import NEG_INF, attend_tiles, softcap, tile_rows
 _DECODE_CHUNK_TOKENS = 128
 # Decode tokens per block of the decode loop.
 _DECODE_BLOCK = 16
-# Token buckets up to this size attend token by token (no tiles): what a decode or a
-# speculative verify step (1 + k tokens a row) is.
-SMALL_STEP_TOKENS = 8
 
 
 def write_kv(kv_cache: jax.Array, k: jax.Array, v: jax.Array, slot_mapping: jax.Array) -> jax.Array:
@@ -61,26 +58,23 @@ def paged_attention_xla(
     kv_cache = write_kv(kv_cache, k, v, md.slot_mapping)
     # The softmax scale goes on the queries once, not on every score.
     qf = q.astype(jnp.float32).reshape(T, Hkv, Hq // Hkv, D) * scale
+    rows = tile_rows(md)
     kw = dict(window=sliding_window, cap=logits_soft_cap)
-    if md.max_query_len == 1 or T <= SMALL_STEP_TOKENS:
-        # Every token in the per-token form: a decode-only step (static), or a bucket too small
-        # for tiles to pay (a speculative verify step: 1 + k tokens per row). Each token reads
-        # keys [0, position] of its own row, already written above. (At bucket 1 the tile loop
-        # beside it also made XLA fuse the cache write into hoisted page gathers and copy the
-        # whole cache every step: tests/attention/test_kv_in_place.py.)
-        out = _attend_decode(qf, kv_cache, md, md.query_start_loc[-1], jnp.zeros_like(qf), **kw)
+    # Decode-only (static): every row is a decode row. Bucket 1 is one too; without the tile
+    # loop there, XLA no longer fuses the cache write into hoisted page gathers (which made it
+    # copy the whole cache every step: see tests/attention/test_kv_in_place.py).
+    if md.max_query_len == 1 or T == 1:
+        out = jnp.zeros_like(qf)
     else:
-        rows = tile_rows(md)
         out = attend_tiles(qf, kv_cache, md, rows, **kw)
-        out = _attend_decode(qf, kv_cache, md, rows.num_decode, out, **kw)
+    out = _attend_decode(qf, kv_cache, md, rows.num_decode, out, **kw)
     return out.reshape(T, Hq, D).astype(q.dtype), kv_cache
 
 
 def _attend_decode(qf, kv_cache, md: AttentionMetadata, num_decode, out, *, window, cap):
-    """The first ``num_decode`` tokens (one per decode row, or every token of a small step)
-    attend to keys [0, position] of their row, read chunk by chunk through the block table: a
-    mat-vec per token, which is what one query token is. Writes their rows of ``out``
-    [T, Hkv, G, D]."""
+    """The first ``num_decode`` tokens (one per decode row) attend to keys [0, position] of their
+    row, read chunk by chunk through the block table: a mat-vec per token, which is what one
+    query token is. Writes their rows of ``out`` [T, Hkv, G, D]."""
     T, Hkv, G, D = qf.shape
     bs = kv_cache.shape[2]
     Bt = min(_DECODE_BLOCK, T)

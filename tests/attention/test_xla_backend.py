@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import pytest
 
 from jaxlm.attention.metadata import AttentionMetadata
-from jaxlm.attention.xla_backend import SMALL_STEP_TOKENS, paged_attention_xla
+from jaxlm.attention.xla_backend import paged_attention_xla
 
 
 def _dense(q, k, v, scale, window=None, cap=None):
@@ -69,25 +69,17 @@ def _build(rng, reqs, bs, num_blocks, hkv, d, pages_per_req, pad_tokens, pad_row
     return cache, md, full_k, full_v
 
 
-# decode with long context, fresh prefill, chunked prefill with context, page boundary (tiles);
-# a step of at most SMALL_STEP_TOKENS (a speculative verify step: rows of 1 + k tokens), which
-# attends token by token
-MIXED = [(37, 1), (0, 9), (12, 5), (8, 1), (300, 3)]
-SMALL = [(37, 2), (300, 3), (0, 1)]
-
-
-@pytest.mark.parametrize("reqs", [MIXED, SMALL], ids=["tiles", "small_step"])
 @pytest.mark.parametrize("window,cap", [(None, None), (7, None), (None, 5.0)])
 @pytest.mark.parametrize("hq,hkv", [(4, 4), (8, 2), (4, 1)])
-def test_mixed_batch_matches_dense(hq, hkv, window, cap, reqs):
+def test_mixed_batch_matches_dense(hq, hkv, window, cap):
     rng = np.random.default_rng(0)
     bs, d = 4, 16
-    pad = 2 if reqs is SMALL else 3
-    cache, md, full_k, full_v = _build(rng, reqs, bs, 200, hkv, d, 80, pad_tokens=pad, pad_rows=2)
-    new_k = np.concatenate([k[c:] for k, (c, _) in zip(full_k, reqs)] + [np.full((pad, hkv, d), 1e3, np.float32)])
-    new_v = np.concatenate([v[c:] for v, (c, _) in zip(full_v, reqs)] + [np.full((pad, hkv, d), 1e3, np.float32)])
+    # decode with long context, fresh prefill, chunked prefill with context, page boundary
+    reqs = [(37, 1), (0, 9), (12, 5), (8, 1), (300, 3)]
+    cache, md, full_k, full_v = _build(rng, reqs, bs, 200, hkv, d, 80, pad_tokens=3, pad_rows=2)
+    new_k = np.concatenate([k[c:] for k, (c, _) in zip(full_k, reqs)] + [np.full((3, hkv, d), 1e3, np.float32)])
+    new_v = np.concatenate([v[c:] for v, (c, _) in zip(full_v, reqs)] + [np.full((3, hkv, d), 1e3, np.float32)])
     T = new_k.shape[0]
-    assert (T <= SMALL_STEP_TOKENS) == (reqs is SMALL)
     q = rng.standard_normal((T, hq, d)).astype(np.float32)
     scale = d ** -0.5
     out, new_cache = paged_attention_xla(
