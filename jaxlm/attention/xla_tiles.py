@@ -8,7 +8,9 @@ table). A tile times a chunk is a matrix product, [Hkv, block_q * G, D] x [Hkv, 
 all of them), merged with an online softmax. A tile visits only the chunks that hold its
 keys: from its sliding window's start (or 0) to its last token's position. So a row costs its
 own query length x its own key count, whatever else is in the step, and the step's new K/V
-(already written to the cache) and its cached context are one loop.
+(already written to the cache) and its cached context are one loop. The key loop goes in as
+few steps as it can: ``LONG_CHUNK_TOKENS`` keys at a time, then the rest in power-of-two
+pieces of chunks (XLA:CPU pays a fixed cost per step, PERF_NOTES "session 6").
 
 The leading decode rows (one query token each) are not tiled; ``xla_backend`` runs them in
 the mat-vec form. The queries are laid out head-major once per call ([Hkv, tokens x G, D]),
@@ -28,11 +30,13 @@ from jaxlm.attention.metadata import AttentionMetadata
 
 # Finite "minus infinity": exp(NEG_INF - m) underflows to 0 and NEG_INF - NEG_INF stays 0.
 NEG_INF = -1e30
-# Query tokens per tile (smaller buckets use their own size) and keys per inner step.
+# Query tokens per tile (smaller buckets use their own size; 256 took fewer steps but computed
+# more of each diagonal: 1.22x slower on a fresh 256-token prompt under load) and keys per
+# chunk (the smallest key step).
 BLOCK_Q = 128
 CHUNK_TOKENS = 128
 # Keys per step over the chunks a tile sees whole (long cached contexts).
-LONG_CHUNK_TOKENS = 512
+LONG_CHUNK_TOKENS = 1024
 
 
 class TileRows(NamedTuple):
@@ -57,6 +61,11 @@ def softcap(s: jax.Array, cap: float | None) -> jax.Array:
 def block_q_for(num_tokens: int) -> int:
     """Tile height for a bucket of ``num_tokens``: BLOCK_Q, or the bucket's size when smaller."""
     return max(1, min(BLOCK_Q, num_tokens))
+
+
+def _pieces(span: int) -> list[int]:
+    """Step sizes (chunks) for a tail of any length: ``span``, then the powers of two below it."""
+    return [span] + [1 << k for k in range((span - 1).bit_length() - 1, -1, -1)]
 
 
 def attend_tiles(qf: jax.Array, kv_cache: jax.Array, md: AttentionMetadata, rows: TileRows, *,
@@ -125,10 +134,17 @@ def attend_tiles(qf: jax.Array, kv_cache: jax.Array, md: AttentionMetadata, rows
         c_in1 = jnp.clip((first + 1) // chunk, c_in0, c_hi)
         carry = (jnp.full((Hkv, M), NEG_INF, jnp.float32), jnp.zeros((Hkv, M), jnp.float32),
                  jnp.zeros((Hkv, M, D), jnp.float32))
-        n_long = (c_in1 - c_in0) // span
-        carry = lax.fori_loop(0, n_long, lambda i, cr: key_chunk(c_in0 + i * span, cr, False, span), carry)
-        for a, b, masked in ((c_in0 + n_long * span, c_in1, False), (c_lo, c_in0, True), (c_in1, c_hi, True)):
-            carry = lax.fori_loop(a, b, functools.partial(key_chunk, masked=masked), carry)
+        carry = lax.fori_loop(c_lo, c_in0, functools.partial(key_chunk, masked=True), carry)
+        # What the long steps leave: the last unmasked chunks, then the masked ones (the tile's
+        # diagonal), each in pieces of `span` chunks and then the binary digits of the rest.
+        # Every loop step costs XLA:CPU ~0.1-0.2 ms of fixed overhead (a dozen thunks, each
+        # split over the threads), so a few big steps beat many 128-key ones on the same keys.
+        c = c_in0
+        for end, masked in ((c_in1, False), (c_hi, True)):
+            for p in _pieces(span):
+                n = (end - c) // p
+                carry = lax.fori_loop(0, n, lambda i, cr, c=c, p=p, m=masked: key_chunk(c + i * p, cr, m, p), carry)
+                c = c + n * p
         _, l, acc = carry
         o = acc / jnp.where(l > 0, l, 1.0)[..., None]
         # Rows past qlen belong to the next row's tiles (or padding): keep what is there.
