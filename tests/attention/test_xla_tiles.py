@@ -84,9 +84,9 @@ def test_tail_pieces(small_tiles, monkeypatch, long_tokens, window):
 
 def test_default_tiles_long_rows():
     # Default-size tiles, chunks and long steps: a fresh 300-token prompt, a 130-token chunk
-    # after 700 cached tokens, a 100-token suffix after 1,400 (long steps, then the tail in
+    # after 700 cached tokens, a 40-token suffix after 1,100 (a long step, then the tail in
     # pieces), decodes deep into their contexts.
-    rows = [(900, 1), (257, 1), (0, 300), (700, 130), (64, 129), (1400, 100)]
+    rows = [(900, 1), (257, 1), (0, 300), (700, 130), (64, 129), (1100, 40)]
     _check(rows, 16, 9, 3, 16)
     _check(rows, 16, 4, 2, 16, window=200, seed=1)
 
