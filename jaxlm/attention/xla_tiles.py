@@ -134,14 +134,16 @@ def attend_tiles(qf: jax.Array, kv_cache: jax.Array, md: AttentionMetadata, rows
         c_in1 = jnp.clip((first + 1) // chunk, c_in0, c_hi)
         carry = (jnp.full((Hkv, M), NEG_INF, jnp.float32), jnp.zeros((Hkv, M), jnp.float32),
                  jnp.zeros((Hkv, M, D), jnp.float32))
-        carry = lax.fori_loop(c_lo, c_in0, functools.partial(key_chunk, masked=True), carry)
-        # What the long steps leave: the last unmasked chunks, then the masked ones (the tile's
-        # diagonal), each in pieces of `span` chunks and then the binary digits of the rest.
-        # Every loop step costs XLA:CPU ~0.1-0.2 ms of fixed overhead (a dozen thunks, each
-        # split over the threads), so a few big steps beat many 128-key ones on the same keys.
+        if window is not None:  # chunks at the window's start, masked
+            carry = lax.fori_loop(c_lo, c_in0, functools.partial(key_chunk, masked=True), carry)
+        # The unmasked chunks in long steps, what they leave in the binary digits of the rest,
+        # then the masked ones (the tile's diagonal: at most ceil(Bq / chunk) + 1 chunks) the
+        # same way. Every loop step costs XLA:CPU ~0.1-0.2 ms of fixed overhead (a dozen thunks,
+        # each split over the threads), so a few big steps beat many 128-key ones on the same keys.
         c = c_in0
-        for end, masked in ((c_in1, False), (c_hi, True)):
-            for p in _pieces(span):
+        diag = min(span, -(-Bq // chunk) + 1)
+        for end, masked, top in ((c_in1, False, span), (c_hi, True, diag)):
+            for p in _pieces(top):
                 n = (end - c) // p
                 carry = lax.fori_loop(0, n, lambda i, cr, c=c, p=p, m=masked: key_chunk(c + i * p, cr, m, p), carry)
                 c = c + n * p
