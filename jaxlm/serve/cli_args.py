@@ -129,5 +129,7 @@ def make_arg_parser(prog: str = "python -m jaxlm.serve") -> ServeArgumentParser:
     )
     _add_server_args(parser)
     EngineArgs.add_cli_args(parser)  # --model, --max-model-len, --dtype, ... one group per config
+    # A server answers /health before its warm start has loaded every program (LLM: all first).
+    parser.set_defaults(defer_program_load=True)
     return parser
 
