@@ -1,32 +1,23 @@
 """The runner's programs as compile jobs: one callable per program, run at warm-up under one
-progress bar (ModelRunner.warm_up; a speculative runner adds its draft model's jobs).
-
-XLA compiles one program on one core, with the GIL released: run_jobs() traces and lowers the
-programs in turn on the calling thread (tracing is Python; JAX and flax trace on one thread here)
-and compiles as many at once as there are cores (up to COMPILE_THREADS), the bodies first since
-they are the long ones."""
+progress bar (ModelRunner.warm_up; a speculative runner adds its draft model's jobs)."""
 
 from __future__ import annotations
 
 import functools
 import math
-import os
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tqdm import tqdm
-
 from jaxlm.sample.metadata import SamplerVariant
 from jaxlm.worker.step_programs import MIXED, abstract
 
 
-def compile_jobs(runner: Any) -> list[Callable[[], Callable[[], None]]]:
-    """`runner`: a ModelRunner with its KV cache allocated; each job traces and lowers one
-    program and returns what compiles it and keeps the executable in runner._body / runner._sample. Also sets what the programs share:
+def compile_jobs(runner: Any) -> list[Callable[[], None]]:
+    """`runner`: a ModelRunner with its KV cache allocated; each job compiles one program and
+    keeps the executable in runner._body / runner._sample. Also sets what the programs share:
     the sampler's param leaves and the device buffer of last sampled tokens."""
     kv_spec, params_spec = abstract(runner.kv_caches), abstract(runner._param_leaves)
     replicated = runner._replicated
@@ -45,42 +36,13 @@ def compile_jobs(runner: Any) -> list[Callable[[], Callable[[], None]]]:
     runner._last_tokens = runner._put(np.zeros(runner.sample_capacity, np.int32))
     tokens_spec = jax.ShapeDtypeStruct((runner.sample_capacity,), jnp.int32, sharding=replicated)
 
-    def body(key: tuple[int, str]) -> Callable[[], None]:
-        lowered = body_jit(*key).lower(params_spec, kv_spec, packed_spec(*key), tokens_spec)
-        return lambda: runner._body.__setitem__(key, lowered.compile())
+    def body(key: tuple[int, str]) -> None:
+        runner._body[key] = body_jit(*key).lower(params_spec, kv_spec, packed_spec(*key), tokens_spec).compile()
 
-    def sampler(key: tuple[int, SamplerVariant]) -> Callable[[], None]:
+    def sampler(key: tuple[int, SamplerVariant]) -> None:
         md = runner.sampling.build_host([], *key)
         md_spec = jax.ShapeDtypeStruct(md.packed().shape, jnp.int32, sharding=replicated)
-        lowered = jax.jit(runner._sample_fn(key[0], md)).lower(sampler_spec, hidden_sel, md_spec)
-        return lambda: runner._sample.__setitem__(key, lowered.compile())
+        runner._sample[key] = jax.jit(runner._sample_fn(key[0], md)).lower(sampler_spec, hidden_sel, md_spec).compile()
 
     jobs = [functools.partial(body, (T, kind)) for kind, buckets in runner.body_buckets().items() for T in buckets]
     return jobs + [functools.partial(sampler, (S, v)) for S in runner.seq_buckets for v in runner.sampling.variants()]
-
-
-# Most programs compiled at once (each compile holds its own copy of the program's HLO).
-COMPILE_THREADS = 4
-
-
-def run_jobs(jobs: list[Callable[[], Callable[[], None]]], desc: str = "Compiling buckets") -> None:
-    """Lowers each job's program here and compiles them on a pool of threads, under one
-    progress bar; the first error is raised."""
-    threads = max(1, min(COMPILE_THREADS, len(os.sched_getaffinity(0)), len(jobs)))
-    with ThreadPoolExecutor(threads, thread_name_prefix="compile") as pool, \
-            tqdm(total=len(jobs), desc=desc, unit="program") as bar:
-        futures = []
-        try:
-            for job in jobs:
-                futures.append(pool.submit(job()))
-                futures[-1].add_done_callback(lambda _: bar.update())
-                # Fail early: a compile error ends the warm-up before the rest is lowered.
-                for f in futures:
-                    if f.done():
-                        f.result()
-            for f in as_completed(futures):
-                f.result()
-        except BaseException:
-            for f in futures:
-                f.cancel()
-            raise

@@ -46,6 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from tqdm import tqdm
 
 from jaxlm.attention.metadata import AttentionMetadata
 from jaxlm.config import EngineConfig
@@ -62,7 +63,7 @@ from jaxlm.worker.buckets import (
     PaddingStats, decode_buckets, default_seq_buckets, default_token_buckets, pick_bucket,
     prompt_logprobs_buckets, validate_buckets)
 from jaxlm.worker.compile_guard import CompileGuard
-from jaxlm.worker.compile_jobs import compile_jobs, run_jobs
+from jaxlm.worker.compile_jobs import compile_jobs
 from jaxlm.worker.input_batch import InputBatch, StepInputs
 from jaxlm.worker.program_cache import DeferredLoads, ProgramCache
 from jaxlm.worker.request_states import RequestStates
@@ -261,7 +262,8 @@ class ModelRunner:
         else:
             jobs = self.compile_jobs()
             with cache.watch_compiles():
-                run_jobs(jobs)
+                for job in tqdm(jobs, desc="Compiling buckets", unit="program"):
+                    job()
             cache.save({"body": self._body, "sample": self._sample}, {"leaf_index": self._sampler_leaf_index})
             self.num_programs = len(jobs)
         self.warmup_seconds = time.perf_counter() - start
