@@ -9,6 +9,10 @@ percentiles plus request and token throughput; --result-json writes `vllm bench 
 
     python -m jaxlm.serve &            # SmolLM2 on 127.0.0.1:8000
     python scripts/bench_serve.py --num-prompts 64 --request-rate 4 --input-len 128 --output-len 64
+
+A warm server answers /health before it has loaded every compiled program (it loads the rest
+while idle, ~20 s for SmolLM2 on a 2-core CPU, until its log says "all deferred programs
+loaded"): time a server after that line, or one started with --no-defer-program-load.
 """
 
 from __future__ import annotations

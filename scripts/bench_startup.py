@@ -2,9 +2,13 @@
 
     python scripts/bench_startup.py                      # default model: 1 cold + 3 warm starts
     python scripts/bench_startup.py --warm 5 --timeline  # also each log line's second
+    python scripts/bench_startup.py --cold 0 --warm 3 --first-request --alt="--no-defer-program-load"
 
 Cold: a fresh cache directory (no compiled programs, no converted tokenizer or weights). Warm:
-the same directory again, as a restarted server finds it. Each start's log lines are stamped
+the same directory again, as a restarted server finds it. --first-request also sends one
+completion right after the 200 and times its answer, and waits for the log line saying a
+deferred warm start has loaded its last program. --alt ARGS: each warm start is run a second
+time with these extra arguments, interleaved (A, B, A, B, ...). Each start's log lines are stamped
 with the seconds since the command, so --timeline shows where the time goes (imports, model
 config, tokenizer, the engine-core process, weights, programs). The load average is printed
 beside each figure: the machine is shared.
@@ -13,6 +17,7 @@ beside each figure: the machine is shared.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import socket
@@ -35,7 +40,33 @@ def _load() -> str:
         return " ".join(f.read().split()[:3])
 
 
-def start_once(args: list[str], cache_dir: str, timeout: float, timeline: bool) -> float:
+def _first_request(port: int, t0: float) -> float:
+    """Seconds from the command to the answer of one short greedy completion."""
+    base = f"http://127.0.0.1:{port}/v1"
+    with urllib.request.urlopen(base + "/models", timeout=600) as r:
+        model = json.load(r)["data"][0]["id"]
+    body = json.dumps({"model": model, "prompt": "The capital of France is", "max_tokens": 16,
+                       "temperature": 0}).encode()
+    req = urllib.request.Request(base + "/completions", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as r:
+        json.load(r)["choices"][0]["text"]  # noqa: B018 - a real answer, or a KeyError
+    return time.perf_counter() - t0
+
+
+def _wait_line(lines: list[str], needle: str, timeout: float) -> float | None:
+    """The second (since the command) of the first log line holding needle, waiting up to timeout."""
+    end = time.perf_counter() + timeout
+    while True:
+        hit = next((line for line in list(lines) if needle in line), None)
+        if hit is not None:
+            return float(hit.split("s", 1)[0])
+        if time.perf_counter() > end:
+            return None
+        time.sleep(0.1)
+
+
+def start_once(args: list[str], cache_dir: str, timeout: float, timeline: bool,
+               first_request: bool = False) -> dict:
     port = _free_port()
     env = {**os.environ, "JAXLM_CACHE_DIR": cache_dir}
     cmd = [sys.executable, "-m", "jaxlm.serve", *args, "--port", str(port)]
@@ -63,6 +94,10 @@ def start_once(args: list[str], cache_dir: str, timeout: float, timeline: bool) 
             time.sleep(0.05)
         else:
             raise TimeoutError(f"no 200 on /health within {timeout} s")
+        result = {"health": elapsed}
+        if first_request:
+            result["first_answer"] = _first_request(port, t0)
+            result["all_programs"] = _wait_line(lines, "all deferred programs loaded", 120)
     finally:
         proc.terminate()
         try:
@@ -73,7 +108,12 @@ def start_once(args: list[str], cache_dir: str, timeout: float, timeline: bool) 
         reader.join(timeout=5)
         if timeline:
             print("\n".join(line for line in lines if "%|" not in line or "100%" in line))
-    return elapsed
+    return result
+
+
+def _show(r: dict) -> str:
+    extra = "".join(f", {k.replace('_', ' ')} at {v:.1f} s" for k, v in r.items() if k != "health" and v is not None)
+    return f"{r['health']:.1f} s{extra}"
 
 
 def main() -> None:
@@ -83,6 +123,9 @@ def main() -> None:
     p.add_argument("--timeline", action="store_true", help="print each start's log lines with their second")
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--cache-dir", default=None, help="keep the cache here (default: a temp dir, removed)")
+    p.add_argument("--first-request", action="store_true",
+                   help="after the 200, time one completion's answer and the last deferred program's load")
+    p.add_argument("--alt", default=None, help="extra serve arguments for an interleaved second run of each warm start")
     p.add_argument("serve_args", nargs="*", help="arguments for python -m jaxlm.serve (after --)")
     a = p.parse_args()
     root = tempfile.mkdtemp(prefix="jaxlm_startup_")
@@ -91,15 +134,20 @@ def main() -> None:
         for i in range(a.cold):
             shutil.rmtree(cache, ignore_errors=True)
             before = _load()
-            s = start_once(a.serve_args, cache, a.timeout, a.timeline)
-            print(f"cold start {i}: {s:.1f} s to a 200 on /health (load average {before} -> {_load()})", flush=True)
-        warm = []
+            s = start_once(a.serve_args, cache, a.timeout, a.timeline, a.first_request)
+            print(f"cold start {i}: {_show(s)} to a 200 on /health (load average {before} -> {_load()})", flush=True)
+        variants = {"": a.serve_args} | ({a.alt: a.serve_args + a.alt.split()} if a.alt else {})
+        warm: dict[str, list[float]] = {name: [] for name in variants}
         for i in range(a.warm):
-            before = _load()
-            warm.append(start_once(a.serve_args, cache, a.timeout, a.timeline))
-            print(f"warm start {i}: {warm[-1]:.1f} s (load average {before} -> {_load()})", flush=True)
-        if warm:
-            print(f"warm median: {sorted(warm)[len(warm) // 2]:.1f} s")
+            for name, args in variants.items():
+                before = _load()
+                r = start_once(args, cache, a.timeout, a.timeline, a.first_request)
+                warm[name].append(r["health"])
+                print(f"warm start {i}{' ' + name if name else ''}: {_show(r)} "
+                      f"(load average {before} -> {_load()})", flush=True)
+        for name, times in warm.items():
+            if times:
+                print(f"warm median{' ' + name if name else ''}: {sorted(times)[len(times) // 2]:.1f} s")
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

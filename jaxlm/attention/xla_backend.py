@@ -24,10 +24,17 @@ from jax import lax
 from jaxlm.attention.metadata import AttentionMetadata
 from jaxlm.attention.xla_tiles import NEG_INF, attend_tiles, softcap, tile_rows
 
-# Keys read per decode-loop iteration (rounded to whole pages).
+# Most keys read per decode-loop iteration (rounded to whole pages).
 _DECODE_CHUNK_TOKENS = 128
-# Decode tokens per block of the decode loop.
-_DECODE_BLOCK = 16
+# Most decode tokens per block of the decode loop.
+_DECODE_BLOCK = 64
+# (token, key) pairs one decode-loop iteration reads, at most: a wide block reads fewer keys
+# per token than a lone token does. On XLA:CPU, gathering the pages into the products' layouts
+# is most of decode attention's time, its cost per value grows with the size of one gather,
+# and a chunk reads up to a chunk past the last key. Tiny Llama, 64 decode rows at context 165:
+# body 2.2-2.5 ms with blocks of 16 tokens x 128 keys, 1.8-2.1 with 16 x 32, 1.3-1.4 with
+# 64 x 32 (docs/PERF_NOTES.md, session 6). Up to 16 tokens a chunk stays 128 keys.
+_DECODE_CHUNK_PAIRS = 2048
 
 
 def write_kv(kv_cache: jax.Array, k: jax.Array, v: jax.Array, slot_mapping: jax.Array) -> jax.Array:
@@ -71,6 +78,13 @@ def paged_attention_xla(
     return out.reshape(T, Hq, D).astype(q.dtype), kv_cache
 
 
+def decode_pages_per_chunk(block: int, page_size: int, max_pages: int) -> int:
+    """Pages a decode-loop iteration reads for each of its ``block`` tokens: up to
+    _DECODE_CHUNK_TOKENS keys, fewer when the block would pass _DECODE_CHUNK_PAIRS."""
+    keys = min(_DECODE_CHUNK_TOKENS, _DECODE_CHUNK_PAIRS // block)
+    return max(1, min(max_pages, keys // page_size))
+
+
 def _attend_decode(qf, kv_cache, md: AttentionMetadata, num_decode, out, *, window, cap):
     """The first ``num_decode`` tokens (one per decode row) attend to keys [0, position] of their
     row, read chunk by chunk through the block table: a mat-vec per token, which is what one
@@ -80,7 +94,7 @@ def _attend_decode(qf, kv_cache, md: AttentionMetadata, num_decode, out, *, wind
     Bt = min(_DECODE_BLOCK, T)
     pad = (-T) % Bt
     pos, rows = jnp.pad(md.positions, (0, pad)), jnp.pad(md.token_to_req, (0, pad))
-    ppc = max(1, min(md.block_tables.shape[1], _DECODE_CHUNK_TOKENS // bs))
+    ppc = decode_pages_per_chunk(Bt, bs, md.block_tables.shape[1])
     tables = jnp.pad(md.block_tables, ((0, 0), (0, (-md.block_tables.shape[1]) % ppc)))
     chunk = ppc * bs
     qp = jnp.pad(qf, ((0, pad), (0, 0), (0, 0), (0, 0)))

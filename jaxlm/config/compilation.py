@@ -23,6 +23,9 @@ class CompilationConfig:
         None, "the traffic --token-buckets auto is derived from: a JSONL of prompts (optional "
               "output_len), a ShareGPT JSON file, or synthetic[:num=N,prompt=A-B,output=C-D]")
     max_programs: int = arg(40, "most programs --token-buckets auto may compile")
+    defer_program_load: bool = arg(
+        False, "a warm start loads its compiled programs from the cache on first use and while the "
+               "engine idles, not all before serving (on by default for python -m jaxlm.serve)")
     compilation_cache_dir: str | None = arg(
         None, "JAX persistent compilation cache ('' = off; default: <cache root>/xla, the cache root "
               "being $JAXLM_CACHE_DIR, else $XDG_CACHE_HOME/jaxlm, else ~/.cache/jaxlm)")

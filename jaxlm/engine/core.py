@@ -250,16 +250,23 @@ class EngineCoreProc:
         poller = zmq.Poller()
         poller.register(self.input_socket, zmq.POLLIN)
         last_sent = 0.0
+        deferred = True  # programs a warm start left to load (defer_program_load)
         while not self._shutdown:
             if os.getppid() != self.parent_pid:
                 logger.error("the front end is gone: engine core %d exits", self.core.engine_index)
                 return
             busy = self.core.has_unfinished_requests()
             changed = False
-            if poller.poll(0 if busy else int(self.HEARTBEAT_S * 1000)):
+            if poller.poll(0 if busy or deferred else int(self.HEARTBEAT_S * 1000)):
                 changed = self._process_input()
             if self.core.has_unfinished_requests():
                 outputs = self.core.step()
+            elif deferred and not changed:
+                # Idle: load one program now rather than on a request's first step that needs it.
+                deferred = self.core.executor.load_deferred_program()
+                if time.monotonic() - last_sent < self.HEARTBEAT_S:
+                    continue
+                outputs = EngineCoreOutputs(self.core.engine_index, scheduler_stats=self.core.make_stats())
             elif changed or time.monotonic() - last_sent >= self.HEARTBEAT_S:
                 outputs = EngineCoreOutputs(self.core.engine_index, scheduler_stats=self.core.make_stats())
             else:

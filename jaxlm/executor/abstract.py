@@ -60,6 +60,11 @@ class Executor(abc.ABC):
         """Run one step: its ModelRunnerOutput, or with non_block a handle whose result()
         returns it (vLLM's Future), so the caller can dispatch the next step first."""
 
+    def load_deferred_program(self) -> bool:
+        """Loads one compiled program a warm start deferred (called while the engine idles);
+        False when none is left. Only in-process runners defer."""
+        return False
+
     def check_health(self) -> None:
         """Raises when the executor cannot run another step (a lost node); in-process: never."""
 

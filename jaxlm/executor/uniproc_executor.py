@@ -33,5 +33,8 @@ class UniProcExecutor(Executor):
         self.worker.initialize_cache(num_blocks)
         self.worker.compile_or_warm_up_model()
 
+    def load_deferred_program(self) -> bool:
+        return self.worker.model_runner.load_deferred_program()
+
     def execute_model(self, scheduler_output: SchedulerOutput, non_block: bool = False) -> Any:
         return self.worker.execute_model(scheduler_output, non_block)

@@ -121,6 +121,11 @@ def _add_tool_args(parser: argparse.ArgumentParser) -> None:
                             "after the reasoning ends")
 
 
+# Engine arguments whose server default is not LLM's (the config's): a server answers /health
+# before its warm start has loaded every program; LLM loads them all first.
+SERVER_DEFAULTS = {"defer_program_load": True}
+
+
 def make_arg_parser(prog: str = "python -m jaxlm.serve") -> ServeArgumentParser:
     parser = ServeArgumentParser(
         prog=prog,
@@ -129,5 +134,6 @@ def make_arg_parser(prog: str = "python -m jaxlm.serve") -> ServeArgumentParser:
     )
     _add_server_args(parser)
     EngineArgs.add_cli_args(parser)  # --model, --max-model-len, --dtype, ... one group per config
+    parser.set_defaults(**SERVER_DEFAULTS)
     return parser
 

@@ -21,8 +21,8 @@ Program count: |token buckets| + |decode buckets| + |prompt-logprobs buckets|
 + 6 x |seq buckets| (a sum, never a product of bucket lists).
 
 Per-request host state lives in RequestStates (worker/request_states.py), shared with the
-StepHandles; the compile guard is worker/compile_guard.py; a warm start loads the programs
-whole from worker/program_cache.py.
+StepHandles; the compile guard is worker/compile_guard.py; a warm start loads the programs from
+worker/program_cache.py (with defer_program_load, each on first use or while the engine idles).
 
 Structured outputs: each constrained request's matcher (host side) stays until it finishes.
 A step dispatches the body, fills the grammar bitmask while the device runs it, dispatches
@@ -30,9 +30,8 @@ the sampler, then advances the matchers and reports the requests whose grammar a
 more (ModelRunnerOutput.grammar_terminated_req_ids).
 
 A lean step (issue 14; docs/ARCHITECTURE.md): the body's int32 inputs and the sampler's
-metadata are two packed host buffers, handed to the compiled programs as they are (their C++
-call path copies them: no jax.device_put). The programs take the model state's leaves,
-flattened once at load.
+metadata are two packed host buffers, handed to the compiled programs as they are (no
+jax.device_put); the programs take the model state's leaves, flattened once at load.
 execute_model(so, non_block=True) returns a StepHandle once the step is dispatched (async
 scheduling); `step_timer` (benchmarks only) gets a lap at each boundary of the step.
 """
@@ -66,11 +65,12 @@ from jaxlm.worker.buckets import (
 from jaxlm.worker.compile_guard import CompileGuard
 from jaxlm.worker.compile_jobs import compile_jobs
 from jaxlm.worker.input_batch import InputBatch, StepInputs
-from jaxlm.worker.program_cache import ProgramCache
+from jaxlm.worker.program_cache import DeferredLoads, ProgramCache
 from jaxlm.worker.request_states import RequestStates
 from jaxlm.worker.step_handle import StepHandle
 from jaxlm.worker.step_programs import (
-    DECODE, MD_FIELDS, MIXED, PROMPT_LOGPROBS, gathered, kernel_constraints, leaves_read, unpack, with_unread)
+    DECODE, MD_FIELDS, MIXED, PROMPT_LOGPROBS, gathered, kernel_constraints, leaves_read, load_order, unpack,
+    with_unread)
 
 logger = logging.getLogger(__name__)
 
@@ -81,8 +81,7 @@ class ModelRunner:
     def __init__(self, config: EngineConfig, model: nnx.Module, mesh: jax.sharding.Mesh | None = None):
         self.config = config
         self.mesh = mesh
-        # Step inputs, sampling metadata and the sampled rows live replicated on a multi-device
-        # mesh (the same sharding at warm-up and serving: no resharding, no recompile).
+        # Step inputs, sampling metadata, sampled rows: replicated on a mesh (no resharding).
         self._replicated = (jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
                             if mesh is not None and mesh.size > 1 else None)
         self._multiprocess = jax.process_count() > 1
@@ -130,6 +129,7 @@ class ModelRunner:
         self._body: dict[tuple[int, str], Any] = {}
         self._sample: dict[tuple[int, SamplerVariant], Any] = {}
         self.num_programs = self.programs_from_cache = 0
+        self.deferred_loads: DeferredLoads | None = None  # a warm start's programs not loaded yet
         self.warmup_seconds = 0.0
         self.compile_guard = CompileGuard()
         # Padding waste: real vs computed tokens, rows, pages, samples (scripts/bench.py reports it).
@@ -173,8 +173,7 @@ class ModelRunner:
     # ---- programs -------------------------------------------------------------------------
 
     def _rows_for(self, num_tokens_padded: int) -> int:
-        # Every scheduled request has >= 1 token, so rows never exceed tokens: tying the row
-        # padding to the token bucket keeps the body's program count = len(token_buckets).
+        # Rows never exceed tokens: rows tied to the token bucket keep one body per bucket.
         return min(num_tokens_padded, self.max_num_seqs)
 
     def body_buckets(self) -> dict[str, list[int]]:
@@ -256,9 +255,10 @@ class ModelRunner:
         start = time.perf_counter()
         self._last_tokens = self._put(np.zeros(self.sample_capacity, np.int32))
         cache = self._program_cache()
-        if (saved := cache.load()) is not None:
+        if (saved := cache.load(load_order if self.config.compilation_config.defer_program_load else None)) is not None:
             self._body, self._sample, self._sampler_leaf_index = (saved[k] for k in ("body", "sample", "leaf_index"))
-            self.num_programs = self.programs_from_cache = len(self._body) + len(self._sample)
+            self.deferred_loads = saved.get("deferred")
+            self.num_programs = self.programs_from_cache = cache.num_programs
         else:
             jobs = self.compile_jobs()
             with cache.watch_compiles():
@@ -267,8 +267,8 @@ class ModelRunner:
             cache.save({"body": self._body, "sample": self._sample}, {"leaf_index": self._sampler_leaf_index})
             self.num_programs = len(jobs)
         self.warmup_seconds = time.perf_counter() - start
-        logger.info("Compiled %d programs in %.1f s (%d from the program cache)", self.num_programs,
-                    self.warmup_seconds, self.programs_from_cache)
+        logger.info("Compiled %d programs in %.1f s (%d from the program cache%s)", self.num_programs,
+                    self.warmup_seconds, self.programs_from_cache, ", loaded on use" * bool(self.deferred_loads))
 
     def _program_cache(self) -> ProgramCache:
         # A speculative runner's draft programs live on its drafter, outside this cache: off.
@@ -277,6 +277,10 @@ class ModelRunner:
         keys = [("body", (T, kind)) for kind, buckets in self.body_buckets().items() for T in buckets]
         keys += [("sample", (S, v)) for S in self.seq_buckets for v in self.sampling.variants()]
         return ProgramCache.for_runner(self.config, self.mesh, self._param_leaves, self.kv_caches, keys)
+
+    def load_deferred_program(self) -> bool:
+        """Loads one program a warm start deferred (the engine calls it while idle); False: none left."""
+        return self.deferred_loads is not None and self.deferred_loads.load_next()
 
     def compile_jobs(self) -> list[Callable[[], None]]:
         """One callable per program: each compiles it and keeps the executable."""
@@ -366,10 +370,9 @@ class ModelRunner:
 
     def _device_inputs(self, x: StepInputs, kind: str, host_md: HostArrays | None,
                        extra: list[np.ndarray] = ()) -> tuple[Any, Any]:
-        """The body's int32 inputs in one buffer (``extra``: the LoRA token slots) and, unless
-        the step is constrained (its mask is filled later), the sampler's. Host buffers, given to
-        the compiled programs as they are: the executable's C++ call path copies them to the
-        device (measured on CPU: 7 us per call against ~50 us for a jax.device_put of both first)."""
+        """The body's int32 inputs in one buffer (``extra``: the LoRA token slots) and, unless the
+        step is constrained, the sampler's: host buffers the executable's C++ call path copies
+        (on CPU 7 us per call, against ~50 us for a jax.device_put of both first)."""
         parts = [x.packed, *extra]
         if kind == PROMPT_LOGPROBS:
             parts.append(self.input_batch.next_token_ids(x))
@@ -391,8 +394,7 @@ class ModelRunner:
         return self._place(host_md.packed())
 
     def _place(self, host: np.ndarray) -> Any:
-        """Host buffers as they are; over several processes each node assembles a global array (distributed.py)."""
-        return place_inputs(host, self._replicated) if self._multiprocess else host
+        return place_inputs(host, self._replicated) if self._multiprocess else host  # several processes: global
 
     def _put(self, x: Any) -> Any:
         return place_inputs(x, self._replicated)

@@ -15,17 +15,24 @@ next cold compile does).
 It lives beside the compilation cache (`<compilation cache>/jaxlm-programs/`) and is off with
 it; only a single process that sees one device uses it (a loaded executable binds to every
 local device, and the device assignment is not part of the key). The newest few entries are kept (a load refreshes its file's time), older ones removed.
+
+Loading is most of a warm start (XLA:CPU links each program's object files: ~1.5 s per body
+program of SmolLM2). With `defer`, load() only reads the file; each program is loaded on its
+first use, or earlier by DeferredLoads.load_next(), which the engine core calls while it idles
+(a served request waits for at most the one program being loaded and those it needs itself).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import os
 import pickle
 import tempfile
-from typing import Any, Iterator
+import time
+from typing import Any, Callable, Iterator
 
 import jax
 from jax.experimental import serialize_executable
@@ -63,6 +70,9 @@ def program_key(config: EngineConfig, param_leaves: list[Any], kv_caches: list[A
     import flax
     import jaxlib
 
+    # When the programs load is not what they are: a server and LLM share one entry.
+    config = dataclasses.replace(config, compilation_config=dataclasses.replace(
+        config.compilation_config, defer_program_load=False))
     backend = jax.devices()[0].client
     parts = (
         _FORMAT, code_fingerprint(), jax.__version__, jaxlib.__version__, flax.__version__,
@@ -80,6 +90,7 @@ class ProgramCache:
     def __init__(self, path: str | None):
         self.path = path  # None: off (load() finds nothing, save() writes nothing)
         self.jax_cache_hits = 0  # programs compiled under watch_compiles() that JAX loaded from its cache
+        self.num_programs = 0  # in the file load() read
 
     @classmethod
     def for_runner(cls, config: EngineConfig, mesh: Any, param_leaves: list[Any], kv_caches: list[Any],
@@ -94,8 +105,11 @@ class ProgramCache:
         key = program_key(config, param_leaves, kv_caches, programs)
         return cls(os.path.join(cache_dir, "jaxlm-programs", f"{key}.pkl"))
 
-    def load(self) -> dict[str, Any] | None:
-        """{name: value} as saved, each compiled program loaded; None when absent or unreadable."""
+    def load(self, defer: Callable[[str, Any], Any] | None = None) -> dict[str, Any] | None:
+        """{name: value} as saved, each compiled program loaded; None when absent or unreadable.
+        defer: load none of the programs now: each table is a DeferredPrograms, and "deferred"
+        a DeferredLoads that loads them in the order of defer(name, key) (smallest first). The
+        first program in that order is loaded here, so a file this jax cannot load is found now."""
         if self.path is None or not os.path.exists(self.path):
             return None
         try:
@@ -104,15 +118,21 @@ class ProgramCache:
             if saved.get("format") != _FORMAT:
                 return None
             out = dict(saved["values"])
-            for name, table in saved["programs"].items():
-                out[name] = {key: serialize_executable.deserialize_and_load(*blob) for key, blob in table.items()}
+            if defer is None:
+                for name, table in saved["programs"].items():
+                    out[name] = {key: _deserialize(blob) for key, blob in table.items()}
+            else:
+                tables = {name: DeferredPrograms(table, self.path) for name, table in saved["programs"].items()}
+                out.update(tables, deferred=DeferredLoads(tables, defer))
+                out["deferred"].load_next()
         except Exception as e:  # a torn or foreign file: removed, compiled as if absent
             logger.warning("removing the unreadable program cache %s (%s: %s)", self.path, type(e).__name__, e)
             with contextlib.suppress(OSError):
                 os.unlink(self.path)
             return None
         os.utime(self.path)  # recently used: kept by prune()
-        logger.info("loaded %d compiled programs from %s", sum(map(len, saved["programs"].values())), self.path)
+        self.num_programs = sum(map(len, saved["programs"].values()))
+        logger.info("%s %d compiled programs from %s", "found" if defer else "loaded", self.num_programs, self.path)
         return out
 
     @contextlib.contextmanager
@@ -152,6 +172,60 @@ class ProgramCache:
             prune(os.path.dirname(self.path), _KEEP)
         except Exception as e:
             logger.warning("could not write the program cache %s (%s: %s)", self.path, type(e).__name__, e)
+
+
+def _deserialize(blob: tuple) -> Any:
+    return serialize_executable.deserialize_and_load(*blob)
+
+
+class DeferredPrograms(dict):
+    """A table of programs {key: Compiled} whose entries are loaded on first lookup."""
+
+    def __init__(self, blobs: dict[Any, tuple], path: str) -> None:
+        super().__init__()
+        self.blobs = dict(blobs)  # not loaded yet
+        self.path = path
+        self.seconds = 0.0  # spent loading
+
+    def __missing__(self, key: Any) -> Any:
+        blob = self.blobs.pop(key)  # KeyError: no such program, as for a dict
+        start = time.perf_counter()
+        try:
+            program = _deserialize(blob)
+        except Exception:
+            # Validated at start-up by its first program: a failure now is a damaged file.
+            logger.exception("a program of %s failed to load: the file is removed", self.path)
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+            raise
+        self.seconds += time.perf_counter() - start
+        self[key] = program
+        return program
+
+
+class DeferredLoads:
+    """The programs still to load from DeferredPrograms tables, in a fixed order."""
+
+    def __init__(self, tables: dict[str, DeferredPrograms], order: Callable[[str, Any], Any]) -> None:
+        self.queue = sorted(((name, key) for name, t in tables.items() for key in t.blobs),
+                            key=lambda nk: order(*nk), reverse=True)  # popped from the end
+        self.tables = tables
+
+    def pending(self) -> int:
+        return sum(len(t.blobs) for t in self.tables.values())
+
+    def load_next(self) -> bool:
+        """Loads the next program not loaded yet; False when none is left."""
+        while self.queue:
+            name, key = self.queue.pop()
+            table = self.tables[name]
+            if key in table.blobs:
+                table[key]  # noqa: B018 - the lookup loads it
+                if not self.pending():
+                    logger.info("all deferred programs loaded (%.1f s of loading)",
+                                sum(t.seconds for t in self.tables.values()))
+                return True
+        return False
 
 
 def prune(directory: str, keep: int) -> None:

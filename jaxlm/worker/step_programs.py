@@ -19,6 +19,13 @@ MD_FIELDS = ("positions", "slot_mapping", "token_to_req", "block_tables", "seq_l
              "context_lens", "query_start_loc")
 
 
+def load_order(table: str, key: tuple) -> tuple:
+    """The order a deferred warm start loads programs in (program_cache.DeferredLoads): by
+    bucket size, so the small steps of a first request come first; prompt logprobs last."""
+    size, kind = key
+    return (kind == PROMPT_LOGPROBS, size, table != "body", str(kind))
+
+
 def unpack(flat: jax.Array, shapes: dict[str, tuple[int, ...]]) -> dict[str, jax.Array]:
     out, offset = {}, 0
     for name, shape in shapes.items():

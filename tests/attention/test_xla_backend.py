@@ -96,3 +96,24 @@ def test_mixed_batch_matches_dense(hq, hkv, window, cap):
     slots = np.asarray(md.slot_mapping)
     np.testing.assert_array_equal(flat[0, slots[slots >= 0]], new_k[slots >= 0])
     assert not np.any(flat == 1e3)
+
+
+@pytest.mark.parametrize("window,cap", [(None, None), (7, 5.0)])
+def test_many_decode_rows_match_dense(window, cap):
+    """A decode-only step wider than one token block of the decode loop (the last block part
+    padding), contexts from one key to many chunks: every row still equals dense attention."""
+    rng = np.random.default_rng(1)
+    bs, d, hq, hkv = 4, 16, 4, 2
+    ctxs = list(rng.integers(0, 90, 70))
+    ctxs[:4] = [0, 1, 3, 300]  # one key, within a page, across pages, past several chunks
+    reqs = [(int(c), 1) for c in ctxs]
+    cache, md, full_k, full_v = _build(rng, reqs, bs, 2000, hkv, d, 80, pad_tokens=2, pad_rows=1)
+    new_k = np.concatenate([k[c:] for k, (c, _) in zip(full_k, reqs)] + [np.full((2, hkv, d), 1e3, np.float32)])
+    new_v = np.concatenate([v[c:] for v, (c, _) in zip(full_v, reqs)] + [np.full((2, hkv, d), 1e3, np.float32)])
+    q = rng.standard_normal((new_k.shape[0], hq, d)).astype(np.float32)
+    scale = d ** -0.5
+    out, _ = paged_attention_xla(jnp.array(q), jnp.array(new_k), jnp.array(new_v), jnp.array(cache), md,
+                                 scale=scale, sliding_window=window, logits_soft_cap=cap)
+    out = np.asarray(out)
+    for r, ((ctx, _), k, v) in enumerate(zip(reqs, full_k, full_v)):
+        np.testing.assert_allclose(out[r:r + 1], _dense(q[r:r + 1], k, v, scale, window, cap), atol=2e-5, rtol=1e-5)

@@ -9,7 +9,7 @@ import pytest
 from jaxlm import config as c
 from jaxlm.config import human_readable_int, parse_bytes
 from jaxlm.engine.arg_utils import EngineArgs
-from jaxlm.serve.cli_args import make_arg_parser
+from jaxlm.serve.cli_args import SERVER_DEFAULTS, make_arg_parser
 
 
 @pytest.mark.parametrize("text,value", [("2048", 2048), ("32k", 32000), ("32K", 32768), ("1m", 10**6),
@@ -51,9 +51,17 @@ def test_every_config_argument_is_an_engine_arg_and_a_flag_with_the_same_default
     for config_cls in c.ARG_CONFIGS:
         for f in c.arg_fields(config_cls):
             assert getattr(engine_args, f.name) == f.default, f.name
-            assert getattr(defaults, f.name) == f.default, f.name
+            assert getattr(defaults, f.name) == SERVER_DEFAULTS.get(f.name, f.default), f.name
     assert {f.name for f in dataclasses.fields(EngineArgs)} == {
         f.name for cls in c.ARG_CONFIGS for f in c.arg_fields(cls)}
+
+
+def test_the_server_defers_program_loads_and_llm_does_not():
+    # The one engine argument whose server default differs (SERVER_DEFAULTS), and its --no- form.
+    assert SERVER_DEFAULTS == {"defer_program_load": True}
+    assert _config().compilation_config.defer_program_load is True
+    assert _config("--no-defer-program-load").compilation_config.defer_program_load is False
+    assert EngineArgs().create_engine_config().compilation_config.defer_program_load is False
 
 
 def test_default_engine_config_is_the_default_configs():

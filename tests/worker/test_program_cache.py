@@ -1,7 +1,8 @@
 """The program cache through LLM (worker/program_cache.py). Four engine starts in one fresh
 process (tests/helpers/program_cache_cases.py): the second start loads every compiled program
 from the first one's file, samples the same tokens and logprobs and compiles nothing while
-serving; another config gets none of them; a torn file is removed and the programs compiled."""
+serving; a start that defers its programs loads each on first use or while idle, with the
+same samples; another config gets none of them; a torn file is removed and the programs compiled."""
 
 import json
 import os
@@ -49,6 +50,17 @@ def test_a_second_start_loads_every_program_and_samples_the_same(starts):
     assert second["compiles"] == first["compiles"] == 0
     assert (second["tokens"], second["logprobs"]) == (first["tokens"], first["logprobs"])
     assert second["files"] == first["files"]
+
+
+def test_a_deferred_start_loads_programs_on_use_and_while_idle(starts):
+    # defer_program_load (the server's default): one program is loaded at start (it proves the
+    # file loads), the step's own programs on first use, the rest by load_deferred_program().
+    first, deferred = starts["first"], starts["deferred"]
+    assert deferred["from_cache"] == deferred["programs"] == first["programs"] and deferred["compiles"] == 0
+    assert (deferred["tokens"], deferred["logprobs"]) == (first["tokens"], first["logprobs"])
+    assert deferred["at_start"] == 1 < deferred["after_requests"] < deferred["programs"], deferred
+    assert deferred["after_requests"] + deferred["idle_loads"] == deferred["at_end"] == deferred["programs"]
+    assert deferred["pending"] == 0 and deferred["files"] == first["files"]  # one entry for both ways
 
 
 def test_another_config_compiles_and_writes_nothing_from_jax_cache(starts):
