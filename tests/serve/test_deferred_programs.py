@@ -5,6 +5,7 @@ while idle, and answers what a server that loaded every program first answers;
 
 from __future__ import annotations
 
+import os
 import re
 import time
 
@@ -40,9 +41,11 @@ def starts(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("deferred")
     model = make_tiny_engine_model("llama", tmp / "tiny")
     flags = ["--compilation-cache-dir", str(tmp / "xla")]
+    # One device, as the program cache requires (other test modules widen XLA_FLAGS to 8 host devices).
+    env = {"XLA_FLAGS": " ".join(f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f)}
     results = {}
     for name, extra in (("cold", []), ("deferred", []), ("eager", ["--no-defer-program-load"])):
-        server = ServerProcess(model, flags + extra)
+        server = ServerProcess(model, flags + extra, env=env)
         try:
             answers = _answers(server)
             if name == "deferred":
