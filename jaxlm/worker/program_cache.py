@@ -210,22 +210,23 @@ class DeferredLoads:
         self.queue = sorted(((name, key) for name, t in tables.items() for key in t.blobs),
                             key=lambda nk: order(*nk), reverse=True)  # popped from the end
         self.tables = tables
+        self.announced = False
 
     def pending(self) -> int:
         return sum(len(t.blobs) for t in self.tables.values())
 
     def load_next(self) -> bool:
         """Loads the next program not loaded yet; False when none is left."""
-        while self.queue:
+        loaded = False
+        while self.queue and not loaded:
             name, key = self.queue.pop()
-            table = self.tables[name]
-            if key in table.blobs:
-                table[key]  # noqa: B018 - the lookup loads it
-                if not self.pending():
-                    logger.info("all deferred programs loaded (%.1f s of loading)",
-                                sum(t.seconds for t in self.tables.values()))
-                return True
-        return False
+            if key in self.tables[name].blobs:  # not loaded on use meanwhile
+                self.tables[name][key]  # noqa: B018 - the lookup loads it
+                loaded = True
+        if not self.announced and not self.pending():  # said once, whichever way the last one loaded
+            self.announced = True
+            logger.info("all deferred programs loaded (%.1f s of loading)", sum(t.seconds for t in self.tables.values()))
+        return loaded
 
 
 def prune(directory: str, keep: int) -> None:
