@@ -13,6 +13,7 @@ while it compiles, so the thread costs the serving loop one core, not its turn.
 
 from __future__ import annotations
 
+import atexit
 import bisect
 import contextlib
 import dataclasses
@@ -131,7 +132,12 @@ class BackgroundCompiles:
         """Starts (or resumes, after stop()) compiling."""
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="jaxlm-background-compile", daemon=True)
+        # Interpreter exit would stop the thread inside XLA (an abort): end it after its program.
+        atexit.register(self.stop)
         self._thread.start()
+
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
 
     def stop(self, timeout: float | None = None) -> None:
         """Stops after the program being compiled (waits for it up to `timeout`)."""
@@ -160,5 +166,6 @@ class BackgroundCompiles:
             return
         finally:
             self.seconds += time.perf_counter() - start
+            atexit.unregister(self.stop)
         if not self.jobs:
             self.on_done()

@@ -22,7 +22,8 @@ Program count: |token buckets| + |decode buckets| + |prompt-logprobs buckets|
 
 Per-request host state lives in RequestStates (worker/request_states.py), shared with the
 StepHandles; the compile guard is worker/compile_guard.py; a warm start loads the programs from
-worker/program_cache.py (with defer_program_load, each on first use or while the engine idles).
+worker/program_cache.py (with defer_program_load, each on first use or while the engine idles); a
+cold start with compile_in_background compiles some in a thread while it serves (worker/warmup.py).
 
 Structured outputs: each constrained request's matcher (host side) stays until it finishes.
 A step dispatches the body, fills the grammar bitmask while the device runs it, dispatches
