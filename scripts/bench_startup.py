@@ -9,7 +9,7 @@ the same directory again, as a restarted server finds it. --first-request also s
 completion right after the 200 and times its answer, and waits for the log line saying a
 deferred warm start has loaded its last program, or a cold start compiled its last one in the
 background (a cold start always waits for that line: the program cache is written then, and the
-warm starts need it). --alt ARGS: each warm start is run a second
+warm starts need it). --alt ARGS: each start (cold and warm) is run a second
 time with these extra arguments, interleaved (A, B, A, B, ...). Each start's log lines are stamped
 with the seconds since the command, so --timeline shows where the time goes (imports, model
 config, tokenizer, the engine-core process, weights, programs). The load average is printed
@@ -139,12 +139,14 @@ def main() -> None:
     root = tempfile.mkdtemp(prefix="jaxlm_startup_")
     try:
         cache = a.cache_dir or os.path.join(root, "cache")
-        for i in range(a.cold):
-            shutil.rmtree(cache, ignore_errors=True)
-            before = _load()
-            s = start_once(a.serve_args, cache, a.timeout, a.timeline, a.first_request, cold=True)
-            print(f"cold start {i}: {_show(s)} to a 200 on /health (load average {before} -> {_load()})", flush=True)
         variants = {"": a.serve_args} | ({a.alt: a.serve_args + a.alt.split()} if a.alt else {})
+        for i in range(a.cold):
+            for name, args in variants.items():
+                shutil.rmtree(cache, ignore_errors=True)
+                before = _load()
+                s = start_once(args, cache, a.timeout, a.timeline, a.first_request, cold=True)
+                print(f"cold start {i}{' ' + name if name else ''}: {_show(s)} to a 200 on /health "
+                      f"(load average {before} -> {_load()})", flush=True)
         warm: dict[str, list[float]] = {name: [] for name in variants}
         for i in range(a.warm):
             for name, args in variants.items():
