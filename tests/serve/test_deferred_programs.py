@@ -53,7 +53,7 @@ def starts(tmp_path_factory):
             answers = _answers(server)
             if name == "cold":
                 results["cold_answered_while_compiling"] = "programs compiled (" not in server.output()
-                assert _wait_for_line(server, "programs compiled ("), server.log_tail()
+                assert _wait_for_line(server, "programs compiled (", timeout=600), server.log_tail()
                 answers += _answers(server)  # every program compiled (and the file written) now
             if name == "deferred":
                 assert _wait_for_line(server, "all deferred programs loaded"), server.log_tail()
