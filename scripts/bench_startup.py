@@ -103,8 +103,10 @@ def start_once(args: list[str], cache_dir: str, timeout: float, timeline: bool,
         result = {"health": elapsed}
         if first_request:
             result["first_answer"] = _first_request(port, t0)
-        if first_request or (cold and any("compile in the background" in line for line in list(lines))):
-            result["all_programs"] = _wait_line(lines, ALL_PROGRAMS, timeout)
+        # Only a start that said it would finish later: a background compile, a deferred load.
+        if any("compile in the background" in line or "loaded on use" in line for line in list(lines)):
+            if first_request or cold:
+                result["all_programs"] = _wait_line(lines, ALL_PROGRAMS, timeout)
     finally:
         proc.terminate()
         try:
