@@ -118,9 +118,10 @@ def attend_tiles(qf: jax.Array, kv_cache: jax.Array, md: AttentionMetadata, rows
                 # Zero V outside the row's keys: p = 0 times garbage (NaN in an unused page) is NaN.
                 vc = jnp.where(((j < hi) & (j >= lo))[:, None, None], vc, 0.0)
             m_new = jnp.maximum(m, s.max(axis=-1))
+            # Masked scores need no second select: exp(NEG_INF - m) is 0 once the row has seen a
+            # key, and a row with none yet (m = NEG_INF) gets p = 1 here, wiped later by
+            # alpha = exp(NEG_INF - m_real) = 0 (every row of the tile sees its own position).
             p = jnp.exp(s - m_new[..., None])
-            if masked:
-                p = jnp.where(mask[None], p, 0.0)
             alpha = jnp.exp(m - m_new)
             acc = alpha[..., None] * acc + jnp.einsum("hmj,jhd->hmd", p, vc)
             return m_new, alpha * l + p.sum(axis=-1), acc
