@@ -99,7 +99,9 @@ def attend_tiles(qf: jax.Array, kv_cache: jax.Array, md: AttentionMetadata, rows
         mine = tok < qlen
         hi = first + qlen  # keys [lo, hi) cover every token of the tile
         lo = 0 if window is None else jnp.maximum(first - window + 1, 0)
-        q_t = lax.dynamic_slice_in_dim(qh, q0 * G, M, axis=1)  # [Hkv, M, D]
+        # The tile's own tokens still hold their queries: the loop's buffer starts as qh, and
+        # a tile writes only its own tokens.
+        q_t = lax.dynamic_slice_in_dim(out, q0 * G, M, axis=1)  # [Hkv, M, D]
 
         def key_chunk(c, carry, masked: bool, span: int = 1):
             """Keys of chunks [c, c + span) into the online softmax (m, l, acc)."""
@@ -150,9 +152,13 @@ def attend_tiles(qf: jax.Array, kv_cache: jax.Array, md: AttentionMetadata, rows
                 c = c + n * p
         _, l, acc = carry
         o = acc / jnp.where(l > 0, l, 1.0)[..., None]
-        # Rows past qlen belong to the next row's tiles (or padding): keep what is there.
-        o = jnp.where(mine[None, :, None], o, lax.dynamic_slice_in_dim(out, q0 * G, M, axis=1))
+        # Rows past qlen belong to the next row's tiles (or padding): keep what is there (q).
+        o = jnp.where(mine[None, :, None], o, q_t)
         return lax.dynamic_update_slice_in_dim(out, o, q0 * G, axis=1)
 
-    out = lax.fori_loop(0, cum[-1], tile, jnp.zeros_like(qh))
-    return out.reshape(Hkv, T + Bq, G, D)[:, :T].transpose(1, 0, 2, 3)
+    # The loop works in qh's buffer (a zeroed one cost a copy per layer); tokens no tile wrote
+    # (decode rows, padding) still hold queries, zeroed on the way out.
+    out = lax.fori_loop(0, cum[-1], tile, qh)
+    out = out.reshape(Hkv, T + Bq, G, D)[:, :T].transpose(1, 0, 2, 3)
+    t = jnp.arange(T)
+    return jnp.where(((t >= rows.num_decode) & (t < qsl[-1]))[:, None, None, None], out, 0.0)
