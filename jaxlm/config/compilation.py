@@ -26,6 +26,10 @@ class CompilationConfig:
     defer_program_load: bool = arg(
         False, "a warm start loads its compiled programs from the cache on first use and while the "
                "engine idles, not all before serving (on by default for python -m jaxlm.serve)")
+    compile_in_background: bool = arg(
+        False, "a cold start compiles the largest buckets' programs, starts serving, and compiles the "
+               "others in a thread while it serves, each used once compiled (on by default for "
+               "python -m jaxlm.serve)")
     compilation_cache_dir: str | None = arg(
         None, "JAX persistent compilation cache ('' = off; default: <cache root>/xla, the cache root "
               "being $JAXLM_CACHE_DIR, else $XDG_CACHE_HOME/jaxlm, else ~/.cache/jaxlm)")

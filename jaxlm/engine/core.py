@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import multiprocessing.util
 import os
 import signal
 import sys
@@ -240,9 +241,10 @@ class EngineCoreProc:
             logger.exception("engine core %d died", engine_index)
             proc.send(EngineCoreOutputs(engine_index, engine_dead=f"{type(e).__name__}: {e}"))
             output_socket.close(linger=5000)
-            sys.exit(1)
+            _exit(core, 1)
         output_socket.close(linger=1000)
         input_socket.close(linger=0)
+        _exit(core, 0)
 
     def run_busy_loop(self) -> None:
         import zmq
@@ -302,6 +304,16 @@ class EngineCoreProc:
     def send(self, outputs: EngineCoreOutputs) -> None:
         outputs.num_adds_seen = self.num_adds_seen
         self.output_socket.send_multipart([MSG_OUTPUTS, self.encoder.encode(outputs)], copy=False)
+
+
+def _exit(core: EngineCore, code: int) -> None:
+    """Ends the core's process. A program still compiling in the background would be stopped
+    inside XLA by the interpreter's exit (an abort), or waited for: leave without either."""
+    if core.executor.compiling_in_background():
+        multiprocessing.util._exit_function()  # what exit would release (semaphores), but the thread
+        logging.shutdown()
+        os._exit(code)
+    sys.exit(code)
 
 
 def die_with_parent() -> None:

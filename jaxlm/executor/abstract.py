@@ -65,6 +65,10 @@ class Executor(abc.ABC):
         False when none is left. Only in-process runners defer."""
         return False
 
+    def compiling_in_background(self) -> bool:
+        """Whether a thread is still compiling programs (compile_in_background); in-process runners only."""
+        return False
+
     def check_health(self) -> None:
         """Raises when the executor cannot run another step (a lost node); in-process: never."""
 

@@ -36,5 +36,9 @@ class UniProcExecutor(Executor):
     def load_deferred_program(self) -> bool:
         return self.worker.model_runner.load_deferred_program()
 
+    def compiling_in_background(self) -> bool:
+        background = self.worker.model_runner.background
+        return background is not None and background.running()
+
     def execute_model(self, scheduler_output: SchedulerOutput, non_block: bool = False) -> Any:
         return self.worker.execute_model(scheduler_output, non_block)

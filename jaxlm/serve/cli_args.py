@@ -122,8 +122,9 @@ def _add_tool_args(parser: argparse.ArgumentParser) -> None:
 
 
 # Engine arguments whose server default is not LLM's (the config's): a server answers /health
-# before its warm start has loaded every program; LLM loads them all first.
-SERVER_DEFAULTS = {"defer_program_load": True}
+# before its warm start has loaded every program, or its cold start compiled every one; LLM
+# has them all first.
+SERVER_DEFAULTS = {"defer_program_load": True, "compile_in_background": True}
 
 
 def make_arg_parser(prog: str = "python -m jaxlm.serve") -> ServeArgumentParser:

@@ -2,14 +2,16 @@
 
 Every program is compiled ahead of time at warm-up, so a compile during a step means a shape
 escaped the buckets (tests assert the count stays 0). The runner enters `step()` around each
-step; a JAX monitoring listener counts backend compiles seen inside. The listener holds the
-guard weakly and unregisters itself once the guard is gone.
+step; a JAX monitoring listener counts backend compiles seen inside, on the step's own thread
+(a background compile, worker/background_compile.py, runs beside the steps). The listener holds
+the guard weakly and unregisters itself once the guard is gone.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import weakref
 from typing import Any, Iterator
 
@@ -23,6 +25,7 @@ _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 class CompileGuard:
     def __init__(self) -> None:
         self.in_step = False
+        self.step_thread: int | None = None
         self.count = 0  # compiles seen inside a step (must stay 0 after warm-up)
         ref = weakref.ref(self)
 
@@ -30,7 +33,7 @@ class CompileGuard:
             guard = ref()
             if guard is None:
                 jax.monitoring.unregister_event_duration_listener(on_event)
-            elif name == _COMPILE_EVENT and guard.in_step:
+            elif name == _COMPILE_EVENT and guard.in_step and threading.get_ident() == guard.step_thread:
                 guard.count += 1
                 logger.warning("XLA compiled a program while serving (%.2f s): a shape escaped the buckets",
                                duration)
@@ -39,8 +42,9 @@ class CompileGuard:
 
     @contextlib.contextmanager
     def step(self) -> Iterator[None]:
-        self.in_step = True
+        self.in_step, self.step_thread = True, threading.get_ident()
         try:
             yield
         finally:
             self.in_step = False
+        self.step_thread: int | None = None

@@ -1,9 +1,9 @@
 """The runner's programs as compile jobs: one callable per program, run at warm-up under one
-progress bar (ModelRunner.warm_up; a speculative runner adds its draft model's jobs)."""
+progress bar (ModelRunner.warm_up; a speculative runner adds its draft model's jobs), or some
+after it in a thread (worker/background_compile.py)."""
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any, Callable
 
@@ -12,10 +12,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxlm.sample.metadata import SamplerVariant
+from jaxlm.worker.background_compile import CompileJob
 from jaxlm.worker.step_programs import MIXED, abstract
 
 
-def compile_jobs(runner: Any) -> list[Callable[[], None]]:
+def compile_jobs(runner: Any) -> list[CompileJob]:
     """`runner`: a ModelRunner with its KV cache allocated; each job compiles one program and
     keeps the executable in runner._body / runner._sample. Also sets what the programs share:
     the sampler's param leaves and the device buffer of last sampled tokens."""
@@ -44,5 +45,8 @@ def compile_jobs(runner: Any) -> list[Callable[[], None]]:
         md_spec = jax.ShapeDtypeStruct(md.packed().shape, jnp.int32, sharding=replicated)
         runner._sample[key] = jax.jit(runner._sample_fn(key[0], md)).lower(sampler_spec, hidden_sel, md_spec).compile()
 
-    jobs = [functools.partial(body, (T, kind)) for kind, buckets in runner.body_buckets().items() for T in buckets]
-    return jobs + [functools.partial(sampler, (S, v)) for S in runner.seq_buckets for v in runner.sampling.variants()]
+    def job(table: str, key: tuple, compile_fn: Callable[[tuple], None]) -> CompileJob:
+        return CompileJob(table, key, lambda: compile_fn(key))
+
+    jobs = [job("body", (T, kind), body) for kind, buckets in runner.body_buckets().items() for T in buckets]
+    return jobs + [job("sample", (S, v), sampler) for S in runner.seq_buckets for v in runner.sampling.variants()]

@@ -22,7 +22,8 @@ Program count: |token buckets| + |decode buckets| + |prompt-logprobs buckets|
 
 Per-request host state lives in RequestStates (worker/request_states.py), shared with the
 StepHandles; the compile guard is worker/compile_guard.py; a warm start loads the programs from
-worker/program_cache.py (with defer_program_load, each on first use or while the engine idles).
+worker/program_cache.py (with defer_program_load, each on first use or while the engine idles); a
+cold start with compile_in_background compiles some in a thread while it serves (worker/warmup.py).
 
 Structured outputs: each constrained request's matcher (host side) stays until it finishes.
 A step dispatches the body, fills the grammar bitmask while the device runs it, dispatches
@@ -39,14 +40,12 @@ scheduling); `step_timer` (benchmarks only) gets a lap at each boundary of the s
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from tqdm import tqdm
 
 from jaxlm.attention.metadata import AttentionMetadata
 from jaxlm.config import EngineConfig
@@ -60,17 +59,18 @@ from jaxlm.sample.builder import SamplingInputBuilder
 from jaxlm.sample.metadata import SERVING_VARIANTS, HostArrays, SamplerVariant, unpack_metadata
 from jaxlm.sample.sampler import compute_prompt_logprobs, sample
 from jaxlm.worker.buckets import (
-    PaddingStats, decode_buckets, default_seq_buckets, default_token_buckets, pick_bucket,
-    prompt_logprobs_buckets, validate_buckets)
+    PaddingStats, decode_buckets, default_seq_buckets, default_token_buckets, prompt_logprobs_buckets,
+    validate_buckets)
+from jaxlm.worker.background_compile import BackgroundCompiles, ReadyBuckets
 from jaxlm.worker.compile_guard import CompileGuard
 from jaxlm.worker.compile_jobs import compile_jobs
 from jaxlm.worker.input_batch import InputBatch, StepInputs
-from jaxlm.worker.program_cache import DeferredLoads, ProgramCache
+from jaxlm.worker.program_cache import DeferredLoads
 from jaxlm.worker.request_states import RequestStates
 from jaxlm.worker.step_handle import StepHandle
 from jaxlm.worker.step_programs import (
-    DECODE, MD_FIELDS, MIXED, PROMPT_LOGPROBS, gathered, kernel_constraints, leaves_read, load_order, unpack,
-    with_unread)
+    DECODE, MD_FIELDS, MIXED, PROMPT_LOGPROBS, gathered, kernel_constraints, leaves_read, unpack, with_unread)
+from jaxlm.worker.warmup import warm_up
 
 logger = logging.getLogger(__name__)
 
@@ -130,6 +130,9 @@ class ModelRunner:
         self._sample: dict[tuple[int, SamplerVariant], Any] = {}
         self.num_programs = self.programs_from_cache = 0
         self.deferred_loads: DeferredLoads | None = None  # a warm start's programs not loaded yet
+        # The buckets a step may use: all, unless a cold start compiles some in the background.
+        self.ready = ReadyBuckets(self.body_buckets(), self.seq_buckets, self.sampling.variants())
+        self.background: BackgroundCompiles | None = None
         self.warmup_seconds = 0.0
         self.compile_guard = CompileGuard()
         # Padding waste: real vs computed tokens, rows, pages, samples (scripts/bench.py reports it).
@@ -251,32 +254,9 @@ class ModelRunner:
 
     def warm_up(self) -> None:
         """Compile every program the buckets can ask for (one progress bar), or load them all
-        untraced from the program cache (program_cache.py)."""
-        start = time.perf_counter()
-        self._last_tokens = self._put(np.zeros(self.sample_capacity, np.int32))
-        cache = self._program_cache()
-        if (saved := cache.load(load_order if self.config.compilation_config.defer_program_load else None)) is not None:
-            self._body, self._sample, self._sampler_leaf_index = (saved[k] for k in ("body", "sample", "leaf_index"))
-            self.deferred_loads = saved.get("deferred")
-            self.num_programs = self.programs_from_cache = cache.num_programs
-        else:
-            jobs = self.compile_jobs()
-            with cache.watch_compiles():
-                for job in tqdm(jobs, desc="Compiling buckets", unit="program"):
-                    job()
-            cache.save({"body": self._body, "sample": self._sample}, {"leaf_index": self._sampler_leaf_index})
-            self.num_programs = len(jobs)
-        self.warmup_seconds = time.perf_counter() - start
-        logger.info("Compiled %d programs in %.1f s (%d from the program cache%s)", self.num_programs,
-                    self.warmup_seconds, self.programs_from_cache, ", loaded on use" * bool(self.deferred_loads))
-
-    def _program_cache(self) -> ProgramCache:
-        # A speculative runner's draft programs live on its drafter, outside this cache: off.
-        if self.config.speculative_config is not None:
-            return ProgramCache(None)
-        keys = [("body", (T, kind)) for kind, buckets in self.body_buckets().items() for T in buckets]
-        keys += [("sample", (S, v)) for S in self.seq_buckets for v in self.sampling.variants()]
-        return ProgramCache.for_runner(self.config, self.mesh, self._param_leaves, self.kv_caches, keys)
+        untraced from the program cache; with compile_in_background, some after serving starts
+        (worker/warmup.py)."""
+        warm_up(self)
 
     def load_deferred_program(self) -> bool:
         """Loads one program a warm start deferred (the engine calls it while idle); False: none left."""
@@ -322,7 +302,7 @@ class ModelRunner:
         rows (or None), the sampler's host metadata and input (the pipeline runner overrides this)."""
         timer = self.step_timer
         kind = self._body_kind(so)
-        T = pick_bucket(so.total_num_scheduled_tokens, self.body_buckets()[kind])
+        T, kind = self.ready.body(kind, so.total_num_scheduled_tokens)
         inputs = self.input_batch.prepare_inputs(so, T, self._rows_for(T), self.sample_capacity)
         self._record_padding(inputs, T)
         sampling = self._sampling_inputs(inputs)  # before the body: nothing between the dispatches
@@ -344,7 +324,7 @@ class ModelRunner:
         """The step's sampler metadata (host), or None when no request samples."""
         if not inputs.sample_req_ids:
             return None
-        S = pick_bucket(len(inputs.sample_req_ids), self.seq_buckets)
+        S = self.ready.seq(len(inputs.sample_req_ids))
         variant = self.sampling.variant_of(inputs.sample_req_ids)  # once per step
         return self.sampling.build_host(inputs.sample_req_ids, S, variant)
 

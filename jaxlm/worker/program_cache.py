@@ -70,9 +70,9 @@ def program_key(config: EngineConfig, param_leaves: list[Any], kv_caches: list[A
     import flax
     import jaxlib
 
-    # When the programs load is not what they are: a server and LLM share one entry.
+    # When the programs load or compile is not what they are: a server and LLM share one entry.
     config = dataclasses.replace(config, compilation_config=dataclasses.replace(
-        config.compilation_config, defer_program_load=False))
+        config.compilation_config, defer_program_load=False, compile_in_background=False))
     backend = jax.devices()[0].client
     parts = (
         _FORMAT, code_fingerprint(), jax.__version__, jaxlib.__version__, flax.__version__,

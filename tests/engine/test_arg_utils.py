@@ -56,12 +56,14 @@ def test_every_config_argument_is_an_engine_arg_and_a_flag_with_the_same_default
         f.name for cls in c.ARG_CONFIGS for f in c.arg_fields(cls)}
 
 
-def test_the_server_defers_program_loads_and_llm_does_not():
-    # The one engine argument whose server default differs (SERVER_DEFAULTS), and its --no- form.
-    assert SERVER_DEFAULTS == {"defer_program_load": True}
-    assert _config().compilation_config.defer_program_load is True
-    assert _config("--no-defer-program-load").compilation_config.defer_program_load is False
-    assert EngineArgs().create_engine_config().compilation_config.defer_program_load is False
+def test_the_server_defers_program_loads_and_compiles_and_llm_does_not():
+    # The engine arguments whose server default differs (SERVER_DEFAULTS), and their --no- forms.
+    assert SERVER_DEFAULTS == {"defer_program_load": True, "compile_in_background": True}
+    for name in SERVER_DEFAULTS:
+        flag = "--no-" + name.replace("_", "-")
+        assert getattr(_config().compilation_config, name) is True
+        assert getattr(_config(flag).compilation_config, name) is False
+        assert getattr(EngineArgs().create_engine_config().compilation_config, name) is False
 
 
 def test_default_engine_config_is_the_default_configs():
