@@ -9,8 +9,9 @@ all of them), merged with an online softmax. A tile visits only the chunks that 
 keys: from its sliding window's start (or 0) to its last token's position. So a row costs its
 own query length x its own key count, whatever else is in the step, and the step's new K/V
 (already written to the cache) and its cached context are one loop. The key loop goes in as
-few steps as it can: ``LONG_CHUNK_TOKENS`` keys at a time, then the rest in power-of-two
-pieces of chunks (XLA:CPU pays a fixed cost per step, PERF_NOTES "session 6").
+few steps as it can: ``LONG_CHUNK_TOKENS`` keys at a time, then the rest with the diagonal,
+masked, two chunks at a time (XLA:CPU pays a fixed cost per step, and every loop is code in
+every layer: PERF_NOTES "session 6" and "session 7").
 
 The leading decode rows (one query token each) are not tiled; ``xla_backend`` runs them in
 the mat-vec form. The queries are laid out head-major once per call ([Hkv, tokens x G, D]),
@@ -99,7 +100,9 @@ def attend_tiles(qf: jax.Array, kv_cache: jax.Array, md: AttentionMetadata, rows
         mine = tok < qlen
         hi = first + qlen  # keys [lo, hi) cover every token of the tile
         lo = 0 if window is None else jnp.maximum(first - window + 1, 0)
-        q_t = lax.dynamic_slice_in_dim(qh, q0 * G, M, axis=1)  # [Hkv, M, D]
+        # The tile's own tokens still hold their queries: the loop's buffer starts as qh, and
+        # a tile writes only its own tokens.
+        q_t = lax.dynamic_slice_in_dim(out, q0 * G, M, axis=1)  # [Hkv, M, D]
 
         def key_chunk(c, carry, masked: bool, span: int = 1):
             """Keys of chunks [c, c + span) into the online softmax (m, l, acc)."""
@@ -118,9 +121,10 @@ def attend_tiles(qf: jax.Array, kv_cache: jax.Array, md: AttentionMetadata, rows
                 # Zero V outside the row's keys: p = 0 times garbage (NaN in an unused page) is NaN.
                 vc = jnp.where(((j < hi) & (j >= lo))[:, None, None], vc, 0.0)
             m_new = jnp.maximum(m, s.max(axis=-1))
+            # Masked scores need no second select: exp(NEG_INF - m) is 0 once the row has seen a
+            # key, and a row with none yet (m = NEG_INF) gets p = 1 here, wiped later by
+            # alpha = exp(NEG_INF - m_real) = 0 (every row of the tile sees its own position).
             p = jnp.exp(s - m_new[..., None])
-            if masked:
-                p = jnp.where(mask[None], p, 0.0)
             alpha = jnp.exp(m - m_new)
             acc = alpha[..., None] * acc + jnp.einsum("hmj,jhd->hmd", p, vc)
             return m_new, alpha * l + p.sum(axis=-1), acc
@@ -136,22 +140,27 @@ def attend_tiles(qf: jax.Array, kv_cache: jax.Array, md: AttentionMetadata, rows
                  jnp.zeros((Hkv, M, D), jnp.float32))
         if window is not None:  # chunks at the window's start, masked
             carry = lax.fori_loop(c_lo, c_in0, functools.partial(key_chunk, masked=True), carry)
-        # The unmasked chunks in long steps, what they leave in the binary digits of the rest,
-        # then the masked ones (the tile's diagonal: at most ceil(Bq / chunk) + 1 chunks) the
-        # same way. Every loop step costs XLA:CPU ~0.1-0.2 ms of fixed overhead (a dozen thunks,
-        # each split over the threads), so a few big steps beat many 128-key ones on the same keys.
-        c = c_in0
-        diag = min(span, -(-Bq // chunk) + 1)
-        for end, masked, top in ((c_in1, False, span), (c_hi, True, diag)):
-            for p in _pieces(top):
-                n = (end - c) // p
-                carry = lax.fori_loop(0, n, lambda i, cr, c=c, p=p, m=masked: key_chunk(c + i * p, cr, m, p), carry)
-                c = c + n * p
+        # The unmasked chunks in long steps; what they leave and the tile's diagonal (at most
+        # ceil(Bq / chunk) + 1 chunks) masked, two chunks a step then one. Every loop step costs
+        # XLA:CPU ~0.1-0.2 ms of fixed overhead (a dozen thunks, each split over the threads), so
+        # a few big steps beat many 128-key ones; and every loop is code in every layer of the
+        # program (more piece sizes grew the body programs by half), so three loops in all.
+        n = (c_in1 - c_in0) // span
+        carry = lax.fori_loop(0, n, lambda i, cr: key_chunk(c_in0 + i * span, cr, False, span), carry)
+        c = c_in0 + n * span
+        for p in _pieces(min(span, 2)):
+            n = (c_hi - c) // p
+            carry = lax.fori_loop(0, n, lambda i, cr, c=c, p=p: key_chunk(c + i * p, cr, True, p), carry)
+            c = c + n * p
         _, l, acc = carry
         o = acc / jnp.where(l > 0, l, 1.0)[..., None]
-        # Rows past qlen belong to the next row's tiles (or padding): keep what is there.
-        o = jnp.where(mine[None, :, None], o, lax.dynamic_slice_in_dim(out, q0 * G, M, axis=1))
+        # Rows past qlen belong to the next row's tiles (or padding): keep what is there (q).
+        o = jnp.where(mine[None, :, None], o, q_t)
         return lax.dynamic_update_slice_in_dim(out, o, q0 * G, axis=1)
 
-    out = lax.fori_loop(0, cum[-1], tile, jnp.zeros_like(qh))
-    return out.reshape(Hkv, T + Bq, G, D)[:, :T].transpose(1, 0, 2, 3)
+    # The loop works in qh's buffer (a zeroed one cost a copy per layer); tokens no tile wrote
+    # (decode rows, padding) still hold queries, zeroed on the way out.
+    out = lax.fori_loop(0, cum[-1], tile, qh)
+    out = out.reshape(Hkv, T + Bq, G, D)[:, :T].transpose(1, 0, 2, 3)
+    t = jnp.arange(T)
+    return jnp.where(((t >= rows.num_decode) & (t < qsl[-1]))[:, None, None, None], out, 0.0)

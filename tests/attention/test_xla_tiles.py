@@ -76,16 +76,16 @@ def test_ragged_batch_matches_dense(small_tiles, hq, hkv, window, cap):
 
 @pytest.mark.parametrize("long_tokens,window", [(48, None), (64, 37)])
 def test_tail_pieces(small_tiles, monkeypatch, long_tokens, window):
-    # Long steps of 3 and 4 chunks: what they leave of a row's keys goes in pieces of 3|4, 2
-    # and 1 chunks, masked; rows whose tails need every piece size, and several long steps.
+    # Long steps of 3 and 4 chunks: what they leave of a row's keys goes with the diagonal
+    # through the masked steps of 2 chunks then 1; tails of every length, several long steps.
     monkeypatch.setattr(xla_tiles, "LONG_CHUNK_TOKENS", long_tokens)
     _check(ROWS + [(100, 20), (61, 40), (190, 9)], 4, 6, 2, 16, window)
 
 
 def test_default_tiles_long_rows():
     # Default-size tiles, chunks and long steps: a fresh 300-token prompt, a 130-token chunk
-    # after 700 cached tokens, a 40-token suffix after 1,100 (a long step, then the tail in
-    # pieces), decodes deep into their contexts.
+    # after 700 cached tokens, a 40-token suffix after 1,100 (a long step, then the tail with
+    # the diagonal, masked), decodes deep into their contexts.
     rows = [(900, 1), (257, 1), (0, 300), (700, 130), (64, 129), (1100, 40)]
     _check(rows, 16, 9, 3, 16)
     _check(rows, 16, 4, 2, 16, window=200, seed=1)
