@@ -55,7 +55,7 @@ class ReadyBuckets:
     def reset(self) -> None:
         """No program compiled yet: publish() adds them."""
         self.bodies = {kind: [] for kind in self.body_buckets}
-        self.seqs = []
+        self.seqs, self._variants_done = [], {}
 
     def serving_set(self, jobs: Iterable[CompileJob]) -> list[CompileJob]:
         """The jobs any step can run on: the largest mixed and prompt-logprobs bodies and every
@@ -67,15 +67,14 @@ class ReadyBuckets:
         return [j for j in jobs if (j.key[0] in sizes.get(j.key[1], ()) if j.table == "body" else j.key[0] == S)]
 
     def publish(self, job: CompileJob) -> None:
-        if job.table == "body" and job.key[0] in self.bodies[job.key[1]]:
-            return  # already ready (no reset())
+        """`job` is compiled (after reset())."""
         if job.table == "body":
             T, kind = job.key
             self.bodies[kind] = sorted(self.bodies[kind] + [T])
             return
         S = job.key[0]
         self._variants_done[S] = self._variants_done.get(S, 0) + 1
-        if self._variants_done[S] == self.num_variants and S not in self.seqs:
+        if self._variants_done[S] == self.num_variants:
             self.seqs = sorted(self.seqs + [S])
 
     def complete(self) -> bool:
