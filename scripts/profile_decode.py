@@ -63,7 +63,7 @@ def classify(op: str, instrs: dict[str, str], comps: dict[str, str], in_loop: se
     is_dot = " dot(" in body or "__onednn$matmul" in body or "xnn" in op or "ynn" in op or op.startswith("dot")
     if program == "sampler":
         return "logits" if is_dot and str(vocab) in body else "sampler"
-    if op in in_loop:
+    if op in in_loop or "jaxlm_paged_decode" in body:  # the XLA loop, or the C++ kernel's custom call
         return "attention"
     if " scatter(" in body or "dynamic-update-slice(" in body:
         return "kv write"

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
+import logging
+import os
 from typing import Any, Callable, Protocol
 
 import jax
 
 from jaxlm.attention.metadata import AttentionMetadata
+from jaxlm.config.utils import jaxlm_cache_root
+from kernels_cpu.build import KernelBuildError, load_cpu_kernels
+
+logger = logging.getLogger(__name__)
 
 
 class AttentionBackend(Protocol):
@@ -53,6 +60,7 @@ class FunctionBackend:
 _BACKENDS = {
     "xla": "jaxlm.attention.backends:_make_xla",
     "pallas": "jaxlm.attention.pallas_backend:make_pallas_backend",
+    "cpu": "jaxlm.attention.backends:_make_cpu",
 }
 
 
@@ -62,15 +70,40 @@ def _make_xla() -> AttentionBackend:
     return FunctionBackend("xla", paged_attention_xla)
 
 
+def _make_cpu() -> AttentionBackend:
+    from jaxlm.attention.xla_backend import paged_attention_xla
+
+    load_cpu_kernels(kernel_build_dir())
+    return FunctionBackend("cpu", functools.partial(paged_attention_xla, native_decode=True))
+
+
+def kernel_build_dir() -> str | None:
+    """Where the C++ kernels are built: beside the other caches (None: a temporary directory)."""
+    root = jaxlm_cache_root()
+    return os.path.join(root, "kernels") if root else None
+
+
 def resolve_backend_name(name: str, platform: str | None = None) -> str:
-    """``auto`` is pallas on GPU and xla elsewhere."""
+    """``auto`` is pallas on GPU; on CPU it is cpu (xla with the C++ decode kernel) when the
+    kernel builds here, else xla."""
+    platform = platform or jax.default_backend()
     if name == "auto":
-        platform = platform or jax.default_backend()
-        return "pallas" if platform in ("gpu", "cuda", "rocm") else "xla"
+        if platform in ("gpu", "cuda", "rocm"):
+            return "pallas"
+        if platform != "cpu":
+            return "xla"
+        try:
+            load_cpu_kernels(kernel_build_dir())
+            return "cpu"
+        except KernelBuildError as e:
+            logger.warning("Attention backend xla: the C++ decode kernel is not available (%s)", e)
+            return "xla"
     if name not in _BACKENDS:
         raise ValueError(
             f"Unknown attention backend {name!r}; choose one of: auto, {', '.join(_BACKENDS)}"
         )
+    if name == "cpu" and platform != "cpu":
+        raise ValueError(f"Attention backend 'cpu' runs on CPU only, not on {platform!r}")
     return name
 
 

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxlm.attention.metadata import AttentionMetadata
+from kernels_cpu.paged_decode import paged_decode_cpu
 from jaxlm.attention.xla_tiles import NEG_INF, attend_tiles, softcap, tile_rows
 
 # Most keys read per decode-loop iteration (rounded to whole pages).
@@ -58,8 +59,11 @@ def paged_attention_xla(
     scale: float,
     sliding_window: int | None = None,
     logits_soft_cap: float | None = None,
+    native_decode: bool = False,
 ) -> tuple[jax.Array, jax.Array]:
-    """q [T, Hq, D], k/v [T, Hkv, D] (this step's tokens) -> (out [T, Hq, D], new kv_cache)."""
+    """q [T, Hq, D], k/v [T, Hkv, D] (this step's tokens) -> (out [T, Hq, D], new kv_cache).
+    ``native_decode``: the decode rows go through the C++ kernel (kernels_cpu, XLA:CPU only;
+    load_cpu_kernels() first) instead of the gather-based decode loop."""
     T, Hq, D = q.shape
     Hkv = kv_cache.shape[3]
     kv_cache = write_kv(kv_cache, k, v, md.slot_mapping)
@@ -74,7 +78,11 @@ def paged_attention_xla(
         out = jnp.zeros_like(qf)
     else:
         out = attend_tiles(qf, kv_cache, md, rows, **kw)
-    out = _attend_decode(qf, kv_cache, md, rows.num_decode, out, **kw)
+    if native_decode:
+        out = paged_decode_cpu(qf, kv_cache, md.positions, md.token_to_req, md.block_tables, rows.num_decode,
+                               out, **kw)
+    else:
+        out = _attend_decode(qf, kv_cache, md, rows.num_decode, out, **kw)
     return out.reshape(T, Hq, D).astype(q.dtype), kv_cache
 
 

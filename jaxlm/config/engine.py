@@ -26,7 +26,8 @@ class EngineConfig:
     parallel_config: ParallelConfig
     load_config: LoadConfig
     compilation_config: CompilationConfig
-    attention_backend: str = arg("auto", "attention kernels (auto: pallas on GPU, xla elsewhere)",
+    attention_backend: str = arg("auto", "attention kernels (auto: pallas on GPU; on CPU cpu, the XLA path with a C++ "
+                                 "decode kernel built on first use, or xla when no C++ compiler is found)",
                                  choices=ATTENTION_BACKENDS)
     observability_config: ObservabilityConfig = dataclasses.field(default_factory=ObservabilityConfig)
     lora_config: LoRAConfig = dataclasses.field(default_factory=LoRAConfig)

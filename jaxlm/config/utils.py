@@ -15,7 +15,7 @@ from typing import Any, Callable
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}
 DTYPES = ("auto", "float32", "bfloat16", "float16", *DTYPE_ALIASES)
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "orbax")
-ATTENTION_BACKENDS = ("auto", "xla", "pallas")
+ATTENTION_BACKENDS = ("auto", "xla", "pallas", "cpu")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 
 

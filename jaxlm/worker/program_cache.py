@@ -4,8 +4,8 @@ JAX's persistent compilation cache (executor/compilation_cache.py) is keyed by t
 program: a restart still traces and lowers each of the ~40 step programs to find its entry,
 which was most of a warm start (about 60% of the programs' time, the rest loading them).
 This cache keeps the serialized executables of one runner in one file, keyed instead by what
-the tracing reads: jaxlm's source, the jax/jaxlib/flax versions and JAX's numerics flags, the
-devices, the whole engine config (model config, buckets, dtype, backend, LoRA, ...), the
+the tracing reads: the Python source of jaxlm and the kernel packages, the resolved attention
+backend, the jax/jaxlib/flax versions and JAX's numerics flags, the devices, the whole engine config (model config, buckets, dtype, backend, LoRA, ...), the
 parameter and KV cache specs and the bucket lists. Any change there is a new file; a file that
 fails to load is removed (the programs are compiled).
 Only programs XLA compiled in this process are written: an executable JAX loaded from its own
@@ -37,6 +37,7 @@ from typing import Any, Callable, Iterator
 import jax
 from jax.experimental import serialize_executable
 
+from jaxlm.attention.backends import resolve_backend_name
 from jaxlm.config import EngineConfig
 
 logger = logging.getLogger(__name__)
@@ -47,17 +48,21 @@ _KEEP = 4  # entries kept per directory (a changed config or jaxlm leaves its ol
 
 
 def code_fingerprint() -> str:
-    """A hash of every jaxlm source file (what the programs are traced from)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the jaxlm package
+    """A hash of every source file the programs are traced from: jaxlm's and the kernels'."""
+    import kernels_cpu
+    import kernels_pallas
+
+    jaxlm_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     h = hashlib.sha256()
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        for name in sorted(filenames):
-            if name.endswith(".py"):
-                path = os.path.join(dirpath, name)
-                h.update(os.path.relpath(path, root).encode())
-                with open(path, "rb") as f:
-                    h.update(f.read())
+    for root in (jaxlm_root, os.path.dirname(kernels_pallas.__file__), os.path.dirname(kernels_cpu.__file__)):
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames.sort()
+            for name in sorted(filenames):
+                if name.endswith(".py"):
+                    path = os.path.join(dirpath, name)
+                    h.update(os.path.relpath(path, os.path.dirname(root)).encode())
+                    with open(path, "rb") as f:
+                        h.update(f.read())
     return h.hexdigest()
 
 
@@ -79,6 +84,8 @@ def program_key(config: EngineConfig, param_leaves: list[Any], kv_caches: list[A
         backend.platform, backend.platform_version, [d.device_kind for d in jax.devices()],
         jax.process_count(), os.environ.get("XLA_FLAGS", ""), jax.config.jax_enable_x64,
         str(jax.config.jax_default_matmul_precision), repr(config),
+        # auto's choice depends on the host (a C++ compiler): programs of one never load as the other's
+        resolve_backend_name(config.attention_backend),
         _spec(param_leaves), _spec(kv_caches), repr(programs),
     )
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:32]

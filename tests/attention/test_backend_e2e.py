@@ -1,5 +1,6 @@
-"""End to end on a tiny model: the pallas backend (interpret mode on CPU) gives the xla backend's
-tokens, and decode-only steps run the decode kernel, every other step the ragged one."""
+"""End to end on a tiny model: the pallas backend (interpret mode on CPU) and the cpu backend (the
+C++ decode kernel) give the xla backend's tokens, and with pallas decode-only steps run the decode
+kernel, every other step the ragged one."""
 
 import jax
 import numpy as np
@@ -36,7 +37,7 @@ def _record_steps(runner, calls, steps):
     runner.execute_model = spy
 
 
-def test_pallas_equals_xla_and_decode_steps_run_the_decode_kernel(tmp_path, monkeypatch):
+def test_pallas_equals_xla_and_decode_steps_run_the_decode_kernel(tmp_path, monkeypatch, request):
     path = make_tiny_engine_model("llama", tmp_path / "llama", num_key_value_heads=1)
     rng = np.random.default_rng(3)
     # Prefill, chunked prefill (budget 32), a shared prefix (cache hits) and decode steps.
@@ -49,7 +50,9 @@ def test_pallas_equals_xla_and_decode_steps_run_the_decode_kernel(tmp_path, monk
                         _spy("decode", pallas_backend.paged_decode_attention, calls))
     monkeypatch.setattr(pallas_backend, "ragged_paged_attention",
                         _spy("ragged", pallas_backend.ragged_paged_attention, calls))
-    for backend in ("xla", "pallas"):
+    for backend in ("xla", "pallas", "cpu"):
+        if backend == "cpu":
+            request.getfixturevalue("cpu_kernels")
         # Few blocks: in interpret mode every kernel program reads a whole cache head.
         llm = LLM(model=path, attention_backend=backend, max_num_seqs=4, max_num_batched_tokens=32,
                   max_model_len=96, token_buckets=[8, 32], seq_buckets=[4], num_gpu_blocks_override=28)
@@ -59,7 +62,7 @@ def test_pallas_equals_xla_and_decode_steps_run_the_decode_kernel(tmp_path, monk
             assert runner.decode_buckets == [8] and runner.num_programs == 2 + 1 + 1 + len(SERVING_VARIANTS)
             _record_steps(runner, calls, steps)
         outs[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
-    assert outs["pallas"] == outs["xla"]
+    assert outs["pallas"] == outs["xla"] == outs["cpu"]
     assert all(len(t) == 10 for t in outs["xla"])
     decode_steps = [s for s in steps if s[0]]
     assert len(decode_steps) >= 5 and len(steps) > len(decode_steps)

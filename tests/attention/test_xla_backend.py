@@ -1,4 +1,6 @@
-"""The XLA paged attention equals dense causal attention computed per request."""
+"""The XLA paged attention equals dense causal attention computed per request, with the decode
+rows through the XLA decode loop (``native_decode=False``, the xla backend) and through the C++
+kernel (``native_decode=True``, the cpu backend)."""
 
 import numpy as np
 import jax.numpy as jnp
@@ -69,9 +71,16 @@ def _build(rng, reqs, bs, num_blocks, hkv, d, pages_per_req, pad_tokens, pad_row
     return cache, md, full_k, full_v
 
 
+@pytest.fixture(params=[False, True], ids=["xla", "cpu"])
+def native(request) -> bool:
+    if request.param:
+        request.getfixturevalue("cpu_kernels")
+    return request.param
+
+
 @pytest.mark.parametrize("window,cap", [(None, None), (7, None), (None, 5.0)])
 @pytest.mark.parametrize("hq,hkv", [(4, 4), (8, 2), (4, 1)])
-def test_mixed_batch_matches_dense(hq, hkv, window, cap):
+def test_mixed_batch_matches_dense(hq, hkv, window, cap, native):
     rng = np.random.default_rng(0)
     bs, d = 4, 16
     # decode with long context, fresh prefill, chunked prefill with context, page boundary
@@ -84,7 +93,7 @@ def test_mixed_batch_matches_dense(hq, hkv, window, cap):
     scale = d ** -0.5
     out, new_cache = paged_attention_xla(
         jnp.array(q), jnp.array(new_k), jnp.array(new_v), jnp.array(cache), md,
-        scale=scale, sliding_window=window, logits_soft_cap=cap)
+        scale=scale, sliding_window=window, logits_soft_cap=cap, native_decode=native)
     out = np.asarray(out)
     start = 0
     for (ctx, ql), k, v in zip(reqs, full_k, full_v):
@@ -99,7 +108,7 @@ def test_mixed_batch_matches_dense(hq, hkv, window, cap):
 
 
 @pytest.mark.parametrize("window,cap", [(None, None), (7, 5.0)])
-def test_many_decode_rows_match_dense(window, cap):
+def test_many_decode_rows_match_dense(window, cap, native):
     """A decode-only step wider than one token block of the decode loop (the last block part
     padding), contexts from one key to many chunks: every row still equals dense attention."""
     rng = np.random.default_rng(1)
@@ -113,7 +122,8 @@ def test_many_decode_rows_match_dense(window, cap):
     q = rng.standard_normal((new_k.shape[0], hq, d)).astype(np.float32)
     scale = d ** -0.5
     out, _ = paged_attention_xla(jnp.array(q), jnp.array(new_k), jnp.array(new_v), jnp.array(cache), md,
-                                 scale=scale, sliding_window=window, logits_soft_cap=cap)
+                                 scale=scale, sliding_window=window, logits_soft_cap=cap,
+                                 native_decode=native)
     out = np.asarray(out)
     for r, ((ctx, _), k, v) in enumerate(zip(reqs, full_k, full_v)):
         np.testing.assert_allclose(out[r:r + 1], _dense(q[r:r + 1], k, v, scale, window, cap), atol=2e-5, rtol=1e-5)

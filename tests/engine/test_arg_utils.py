@@ -140,7 +140,7 @@ def test_help_shows_defaults_and_choices(capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "most requests running in one step (default: 64)" in out
     assert "--dtype {auto,float32,bfloat16,float16,half,float}" in out
-    assert "--attention-backend {auto,xla,pallas}" in out
+    assert "--attention-backend {auto,xla,pallas,cpu}" in out
     assert "--kv-cache-memory-bytes KV_CACHE_MEMORY_BYTES, --kv-cache-memory KV_CACHE_MEMORY_BYTES" in out
     assert "-tp TENSOR_PARALLEL_SIZE" in out and "-pp PIPELINE_PARALLEL_SIZE" in out
     for group in ("ModelConfig:", "CacheConfig:", "SchedulerConfig:", "ParallelConfig:", "CompilationConfig:"):

@@ -1,0 +1,11 @@
+"""C++ kernels for XLA:CPU, called from jitted programs through XLA's FFI.
+
+Standalone: nothing here imports jaxlm. Built with the host's C++ compiler on first use
+(``build.load_cpu_kernels``), so a machine without one keeps the pure-XLA path.
+  * paged_decode.paged_decode_cpu - one query token per row, read in place from the paged cache
+"""
+
+from kernels_cpu.build import KernelBuildError, load_cpu_kernels
+from kernels_cpu.paged_decode import paged_decode_cpu
+
+__all__ = ["KernelBuildError", "load_cpu_kernels", "paged_decode_cpu"]

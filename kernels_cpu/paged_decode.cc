@@ -1,0 +1,269 @@
+// Paged decode attention for XLA:CPU, called from a jitted program through XLA's FFI.
+//
+// Each decode token (one query token per row; the first num_decode tokens of the step) reads the
+// keys [lo, position] of its own row straight from the paged cache through the block table: one
+// pass over K for the scores of the G query heads sharing a KV head, an exact softmax, then V
+// (per query head, its sums in registers; the rows stay in L1 for the next one). XLA's
+// gather-based form copies every page it reads into the dot products' layout first (most of its
+// time, docs/PERF_NOTES.md, sessions 6-8); here a page is read where it lies.
+//
+// Layouts (row-major):
+//   q      [T, Hkv, G, D] f32, already times the softmax scale
+//   cache  [2, NB, BS, Hkv, D] f32 or bf16 (K = cache[0], V = cache[1])
+//   positions, token_rows [T] i32; block_tables [R, P] i32; num_decode [] i32
+//   out_in [T, Hkv, G, D] f32: rows >= num_decode are kept (aliased to the result)
+// Attributes: window (keys j > position - window visible; 0 = no window), cap (soft cap of the
+// scores, cap * tanh(s / cap); 0 = none).
+// Garbage safety, as the XLA path: block-table entries and rows are clamped into range, a
+// position past the table reads at most the table's keys.
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+inline float to_f32(float x) { return x; }
+inline float to_f32(uint16_t x) {  // bf16 -> f32: the high half of the float's bits
+  uint32_t bits = uint32_t(x) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+struct Shape {
+  int64_t T, Hkv, G, D, NB, BS, R, P;
+};
+
+struct Args {
+  Shape s;
+  const float* q;
+  const void* cache;
+  const int32_t* positions;
+  const int32_t* rows;
+  const int32_t* tables;
+  float* out;
+  int32_t window;
+  float cap;
+};
+
+// Calls f(j, row) for every key j in [lo, hi) of a row, row pointing at key j's [Hkv, D] values
+// in `base`: one block-table lookup and no division per page, not per key.
+template <typename KV, typename F>
+inline void for_each_key(const Shape& s, const int32_t* table, const KV* base, int64_t lo, int64_t hi, F&& f) {
+  const int64_t row_len = s.Hkv * s.D;
+  for (int64_t first = lo - lo % s.BS; first < hi; first += s.BS) {
+    const int64_t page = std::clamp<int64_t>(table[first / s.BS], 0, s.NB - 1);
+    const KV* rows = base + page * s.BS * row_len;
+    for (int64_t j = std::max(first, lo), e = std::min(first + s.BS, hi); j < e; ++j)
+      f(j, rows + (j - first) * row_len);
+  }
+}
+
+// Token t's attention over its row's pages for the G query heads of KV head h.
+// kD: head_dim when known at compile time (straight-line dot products), 0 for any.
+template <typename KV, int kD>
+void attend_head(const Args& a, int64_t t, int64_t h, std::vector<float>& scratch) {
+  const Shape& s = a.s;
+  const KV* kc = static_cast<const KV*>(a.cache);
+  const KV* vc = kc + s.NB * s.BS * s.Hkv * s.D;
+  const int64_t D = kD > 0 ? kD : s.D, G = s.G;
+  const int64_t r = std::clamp<int64_t>(a.rows[t], 0, s.R - 1);
+  const int32_t* table = a.tables + r * s.P;
+  const int64_t hi = std::clamp<int64_t>(int64_t(a.positions[t]) + 1, 0, s.P * s.BS);
+  const int64_t lo = a.window > 0 ? std::max<int64_t>(hi - a.window, 0) : 0;
+  const int64_t n = hi - lo;
+  float* o = a.out + (t * s.Hkv + h) * G * D;  // [G, D]
+  if (n <= 0) {
+    std::fill(o, o + G * D, 0.0f);
+    return;
+  }
+  scratch.resize(G * n);
+  float* sc = scratch.data();  // [G, n]: a query head's scores contiguous for the softmax
+  const float* q = a.q + (t * s.Hkv + h) * G * D;
+
+  for_each_key(s, table, kc, lo, hi, [&](int64_t j, const KV* k) {
+    const KV* kh = k + h * D;
+    for (int64_t g = 0; g < G; ++g) {
+      const float* qg = q + g * D;
+      float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+      for (int64_t d = 0; d < D; ++d) dot += qg[d] * to_f32(kh[d]);
+      sc[g * n + (j - lo)] = dot;
+    }
+  });
+  float inv_l[G];
+  for (int64_t g = 0; g < G; ++g) {
+    float* sg = sc + g * n;
+    if (a.cap > 0.0f) {
+#pragma omp simd
+      for (int64_t x = 0; x < n; ++x) sg[x] = a.cap * std::tanh(sg[x] / a.cap);
+    }
+    float m = -3.0e38f, l = 0.0f;
+#pragma omp simd reduction(max : m)
+    for (int64_t x = 0; x < n; ++x) m = std::max(m, sg[x]);
+#pragma omp simd reduction(+ : l)
+    for (int64_t x = 0; x < n; ++x) {
+      sg[x] = std::exp(sg[x] - m);
+      l += sg[x];
+    }
+    inv_l[g] = 1.0f / l;
+  }
+  // One query head at a time, its D sums in registers across the keys when D is known (the
+  // head's V rows stay in L1 for the group's next query head).
+  for (int64_t g = 0; g < G; ++g) {
+    float* og = o + g * D;
+    float reg[kD > 0 ? kD : 1];
+    float* acc = kD > 0 ? reg : og;
+    std::fill(acc, acc + D, 0.0f);
+    const float* pg = sc + g * n - lo;
+    for_each_key(s, table, vc, lo, hi, [&](int64_t j, const KV* v) {
+      const KV* vh = v + h * D;
+      const float p = pg[j];
+#pragma omp simd
+      for (int64_t d = 0; d < D; ++d) acc[d] += p * to_f32(vh[d]);
+    });
+    if (kD > 0) std::copy(acc, acc + D, og);
+  }
+  for (int64_t g = 0; g < G; ++g) {
+    float* og = o + g * D;
+#pragma omp simd
+    for (int64_t d = 0; d < D; ++d) og[d] *= inv_l[g];
+  }
+}
+
+// Subnormals as zero on this thread while it runs the kernel, then the caller's mode back: exp()
+// of scores far below the max lands there, and x86 takes a slow path for each. Only here: the
+// library is linked without crtfastmath, which would set this for the whole process at load.
+struct FlushSubnormals {
+#if defined(__SSE__)
+  unsigned int saved = _mm_getcsr();
+  FlushSubnormals() { _mm_setcsr(saved | 0x8040); }  // FTZ | DAZ
+  ~FlushSubnormals() { _mm_setcsr(saved); }
+#endif
+};
+
+// Work items [begin, end) of (token, KV head) pairs, token-major.
+template <typename KV>
+void attend_items(const Args& a, int64_t begin, int64_t end) {
+  FlushSubnormals flush;
+  std::vector<float> scratch;
+  auto each = [&](auto head) {
+    for (int64_t i = begin; i < end; ++i) head(a, i / a.s.Hkv, i % a.s.Hkv, scratch);
+  };
+  switch (a.s.D) {
+    case 16: return each(attend_head<KV, 16>);
+    case 32: return each(attend_head<KV, 32>);
+    case 64: return each(attend_head<KV, 64>);
+    case 128: return each(attend_head<KV, 128>);
+    default: return each(attend_head<KV, 0>);
+  }
+}
+
+// What the threads share: the caller and XLA's pool threads take chunks of (token, KV head)
+// pairs from `next` until none is left, so a pool thread that wakes late finds less (or nothing)
+// to do instead of being waited for. Shared-owned: a task that starts after the call returned
+// touches only this, and takes nothing.
+struct Split {
+  Args a;
+  int64_t items, chunk;
+  std::atomic<int64_t> next{0}, done{0};
+};
+
+template <typename KV>
+void take_chunks(Split& sp) {
+  for (int64_t i; (i = sp.next.fetch_add(sp.chunk, std::memory_order_relaxed)) < sp.items;) {
+    const int64_t end = std::min(sp.items, i + sp.chunk);
+    attend_items<KV>(sp.a, i, end);
+    sp.done.fetch_add(end - i, std::memory_order_release);
+  }
+}
+
+// Splits the pairs over XLA's intra-op threads when there is enough work to pay for the handoff.
+template <typename KV>
+void attend_all(const Args& a, int64_t num_decode, ffi::ThreadPool& pool) {
+  int64_t keys = 0;
+  for (int64_t t = 0; t < num_decode; ++t) keys += std::clamp<int64_t>(int64_t(a.positions[t]) + 1, 0, a.s.P * a.s.BS);
+  const int64_t items = num_decode * a.s.Hkv, work = keys * a.s.Hkv * a.s.G * a.s.D;  // multiply-adds a pass
+  constexpr int64_t kWorkPerTask = 1 << 16;
+  const int64_t tasks = std::min<int64_t>(
+      {items, std::max<int64_t>(pool.num_threads(), 1), std::max<int64_t>(work / kWorkPerTask, 1)});
+  if (tasks <= 1) {
+    attend_items<KV>(a, 0, items);
+    return;
+  }
+  auto sp = std::make_shared<Split>();
+  sp->a = a;
+  sp->items = items;
+  sp->chunk = std::max<int64_t>(1, items / (tasks * 8));
+  for (int64_t i = 1; i < tasks; ++i) pool.Schedule([sp] { take_chunks<KV>(*sp); });
+  take_chunks<KV>(*sp);
+  while (sp->done.load(std::memory_order_acquire) < items) std::this_thread::yield();
+}
+
+ffi::Error PagedDecodeImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuffer cache,
+                           ffi::Buffer<ffi::S32> positions, ffi::Buffer<ffi::S32> token_rows,
+                           ffi::Buffer<ffi::S32> block_tables, ffi::Buffer<ffi::S32> num_decode,
+                           ffi::Buffer<ffi::F32> out_in, ffi::Result<ffi::Buffer<ffi::F32>> out,
+                           int32_t window, float cap) {
+  auto qd = q.dimensions(), cd = cache.dimensions(), td = block_tables.dimensions();
+  if (qd.size() != 4 || cd.size() != 5 || td.size() != 2 || cd[0] != 2 || cd[3] != qd[1] ||
+      cd[4] != qd[3])
+    return ffi::Error::InvalidArgument("paged_decode: q [T, Hkv, G, D] and cache [2, NB, BS, Hkv, D] disagree");
+  Args a;
+  a.s = Shape{qd[0], qd[1], qd[2], qd[3], cd[1], cd[2], td[0], td[1]};
+  if (positions.element_count() != size_t(a.s.T) || token_rows.element_count() != size_t(a.s.T) ||
+      out_in.element_count() != q.element_count() || a.s.R < 1 || a.s.NB < 1)
+    return ffi::Error::InvalidArgument("paged_decode: positions, rows or out do not match q");
+  a.q = q.typed_data();
+  a.cache = cache.untyped_data();
+  a.positions = positions.typed_data();
+  a.rows = token_rows.typed_data();
+  a.tables = block_tables.typed_data();
+  a.out = out->typed_data();
+  a.window = window;
+  a.cap = cap;
+  if (a.out != out_in.typed_data())
+    std::memcpy(a.out, out_in.typed_data(), sizeof(float) * q.element_count());
+  const int64_t nd = std::clamp<int64_t>(num_decode.typed_data()[0], 0, a.s.T);
+  switch (cache.element_type()) {
+    case ffi::F32:
+      attend_all<float>(a, nd, pool);
+      break;
+    case ffi::BF16:
+      attend_all<uint16_t>(a, nd, pool);
+      break;
+    default:
+      return ffi::Error::InvalidArgument("paged_decode: the cache must be float32 or bfloat16");
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxlmPagedDecode, PagedDecodeImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int32_t>("window")
+                                  .Attr<float>("cap"));

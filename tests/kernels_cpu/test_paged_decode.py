@@ -1,0 +1,60 @@
+"""The C++ paged decode kernel against the pure-JAX reference (kernels_pallas.reference)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kernels_cpu import paged_decode_cpu
+from kernels_pallas.reference import paged_decode_reference
+
+
+def _case(rng, *, T, hq, hkv, d, bs, nb, pages, dtype):
+    cache = rng.standard_normal((2, nb, bs, hkv, d)).astype(np.float32)
+    rows = rng.integers(0, 5, T).astype(np.int32)
+    tables = np.stack([rng.permutation(nb)[:pages] for _ in range(5)]).astype(np.int32)
+    positions = rng.integers(0, pages * bs, T).astype(np.int32)
+    positions[:3] = [0, bs - 1, pages * bs - 1]  # one key, a page's last, the table's last
+    # Pages nobody reads hold garbage that must not leak.
+    used = {int(tables[r, j // bs]) for r, p in zip(rows, positions) for j in range(p + 1)}
+    cache[:, [b for b in range(nb) if b not in used]] = np.nan
+    q = rng.standard_normal((T, hq, d)).astype(np.float32)
+    return jnp.asarray(q), jnp.asarray(cache, dtype), jnp.asarray(positions), jnp.asarray(rows), jnp.asarray(tables)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("hq,hkv,d", [(4, 4, 16), (9, 3, 64), (8, 1, 32)])
+@pytest.mark.parametrize("window,cap", [(None, None), (7, None), (None, 5.0), (20, 30.0)])
+def test_matches_reference(cpu_kernels, dtype, hq, hkv, d, window, cap):
+    rng = np.random.default_rng(hq * 31 + d)
+    T, nd, bs = 70, 66, 16
+    q, cache, positions, rows, tables = _case(rng, T=T, hq=hq, hkv=hkv, d=d, bs=bs, nb=300, pages=20, dtype=dtype)
+    scale = d ** -0.5
+    before = jnp.full((T, hkv, hq // hkv, d), 7.0, jnp.float32)  # rows past num_decode keep these
+
+    @jax.jit
+    def run(q, cache, positions, rows, tables, before):
+        qf = q.reshape(T, hkv, hq // hkv, d) * scale
+        return paged_decode_cpu(qf, cache, positions, rows, tables, jnp.int32(nd), before, window=window, cap=cap)
+
+    out = np.asarray(run(q, cache, positions, rows, tables, before)).reshape(T, hq, d)
+    ref = np.asarray(paged_decode_reference(q, cache, tables, rows, positions + 1, scale=scale,
+                                            sliding_window=window, logits_soft_cap=cap))
+    np.testing.assert_allclose(out[:nd], ref[:nd], atol=2e-5, rtol=1e-5)
+    assert np.all(out[nd:] == 7.0)
+
+
+def test_out_of_range_inputs_stay_in_bounds(cpu_kernels):
+    """Rows, pages and positions past their tables (what padding may hold) read valid memory and
+    give finite values; a num_decode past T counts T."""
+    rng = np.random.default_rng(3)
+    q, cache, _, _, tables = _case(rng, T=4, hq=4, hkv=2, d=16, bs=4, nb=8, pages=2, dtype=jnp.float32)
+    cache = jnp.nan_to_num(cache)
+    tables = tables.at[0].set(jnp.array([10**6, -5], jnp.int32))
+    positions = jnp.array([2**31 - 1, -7, 3, 0], jnp.int32)
+    rows = jnp.array([0, 99, -3, 1], jnp.int32)
+    out = paged_decode_cpu(q.reshape(4, 2, 2, 16), cache, positions, rows, tables, jnp.int32(2**30),
+                           jnp.zeros((4, 2, 2, 16), jnp.float32))
+    out = np.asarray(out)
+    assert np.all(np.isfinite(out))
+    assert np.all(out[1] == 0.0)  # a negative position has no keys
