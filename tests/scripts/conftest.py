@@ -1,0 +1,1 @@
+from tests.helpers.cpu_kernels import cpu_kernels  # noqa: F401
