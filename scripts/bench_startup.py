@@ -10,7 +10,8 @@ completion right after the 200 and times its answer, and waits for the log line 
 deferred warm start has loaded its last program, or a cold start compiled its last one in the
 background (a cold start always waits for that line: the program cache is written then, and the
 warm starts need it). --alt ARGS: each start (cold and warm) is run a second
-time with these extra arguments, interleaved (A, B, A, B, ...). Each start's log lines are stamped
+time with these extra arguments, interleaved (A, B, A, B, ...); after cold starts, each variant's
+warm starts use its own directory. Each start's log lines are stamped
 with the seconds since the command, so --timeline shows where the time goes (imports, model
 config, tokenizer, the engine-core process, weights, programs). The load average is printed
 beside each figure: the machine is shared.
@@ -142,18 +143,21 @@ def main() -> None:
     try:
         cache = a.cache_dir or os.path.join(root, "cache")
         variants = {"": a.serve_args} | ({a.alt: a.serve_args + a.alt.split()} if a.alt else {})
+        # After cold starts each variant warms from its own directory: one shared directory would
+        # hold only the last cold start's entries (each cold start empties it first).
+        caches = {name: cache if a.cold == 0 or not name else cache + "-alt" for name in variants}
         for i in range(a.cold):
             for name, args in variants.items():
-                shutil.rmtree(cache, ignore_errors=True)
+                shutil.rmtree(caches[name], ignore_errors=True)
                 before = _load()
-                s = start_once(args, cache, a.timeout, a.timeline, a.first_request, cold=True)
+                s = start_once(args, caches[name], a.timeout, a.timeline, a.first_request, cold=True)
                 print(f"cold start {i}{' ' + name if name else ''}: {_show(s)} to a 200 on /health "
                       f"(load average {before} -> {_load()})", flush=True)
         warm: dict[str, list[float]] = {name: [] for name in variants}
         for i in range(a.warm):
             for name, args in variants.items():
                 before = _load()
-                r = start_once(args, cache, a.timeout, a.timeline, a.first_request)
+                r = start_once(args, caches[name], a.timeout, a.timeline, a.first_request)
                 warm[name].append(r["health"])
                 print(f"warm start {i}{' ' + name if name else ''}: {_show(r)} "
                       f"(load average {before} -> {_load()})", flush=True)
