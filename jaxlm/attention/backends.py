@@ -83,6 +83,19 @@ def kernel_build_dir() -> str | None:
     return os.path.join(root, "kernels") if root else None
 
 
+@functools.lru_cache(maxsize=None)
+def _kernel_unavailable(build_dir: str | None) -> str | None:
+    """Why the C++ kernel cannot be used here (None: built and registered). Asked once per build
+    directory: a start resolves ``auto`` for the worker and again for the program cache's key, and
+    a failing compiler is not run (nor logged) twice."""
+    try:
+        load_cpu_kernels(build_dir)
+        return None
+    except KernelBuildError as e:
+        logger.warning("Attention backend xla: the C++ decode kernel is not available (%s)", e)
+        return str(e)
+
+
 def resolve_backend_name(name: str, platform: str | None = None) -> str:
     """``auto`` is pallas on GPU; on CPU it is cpu (xla with the C++ decode kernel) when the
     kernel builds here, else xla."""
@@ -92,12 +105,7 @@ def resolve_backend_name(name: str, platform: str | None = None) -> str:
             return "pallas"
         if platform != "cpu":
             return "xla"
-        try:
-            load_cpu_kernels(kernel_build_dir())
-            return "cpu"
-        except KernelBuildError as e:
-            logger.warning("Attention backend xla: the C++ decode kernel is not available (%s)", e)
-            return "xla"
+        return "xla" if _kernel_unavailable(kernel_build_dir()) else "cpu"
     if name not in _BACKENDS:
         raise ValueError(
             f"Unknown attention backend {name!r}; choose one of: auto, {', '.join(_BACKENDS)}"
