@@ -57,16 +57,11 @@ class EngineCore:
         self.engine_config = config
         self.engine_index = engine_index
         self.executor = Executor.get_class(config)(config)
-        num_blocks = self.executor.determine_num_available_blocks()
-        capacity = num_blocks * config.cache_config.block_size
-        max_model_len = config.model_config.max_model_len
-        if capacity < max_model_len:
-            raise ValueError(
-                f"The model's max seq len ({max_model_len}) is larger than the maximum number of tokens "
-                f"that can be stored in KV cache ({capacity}). Increase the KV cache memory "
-                "(--kv-cache-memory-bytes, --num-gpu-blocks-override) or decrease --max-model-len.")
-        config.cache_config.num_gpu_blocks = num_blocks
-        self.executor.initialize_cache(num_blocks)
+        try:
+            self._initialize_kv_cache(config)
+        except BaseException:  # the weights are loaded already: give them back before raising
+            self.executor.shutdown()
+            raise
         # --async-scheduling: the driver dispatches step N+1 before it hands step N's output
         # back (engine/async_scheduling.py); otherwise the plain schedule -> execute -> update.
         blocker = async_scheduling_blocker(config) if config.scheduler_config.async_scheduling else None
@@ -86,6 +81,18 @@ class EngineCore:
         # first child id -> siblings not yet handed to the scheduler (n > 1)
         self._deferred: dict[str, list[Request]] = {}
         self._structured_output_ready = False
+
+    def _initialize_kv_cache(self, config: EngineConfig) -> None:
+        num_blocks = self.executor.determine_num_available_blocks()
+        capacity = num_blocks * config.cache_config.block_size
+        max_model_len = config.model_config.max_model_len
+        if capacity < max_model_len:
+            raise ValueError(
+                f"The model's max seq len ({max_model_len}) is larger than the maximum number of tokens "
+                f"that can be stored in KV cache ({capacity}). Increase the KV cache memory "
+                "(--kv-cache-memory-bytes, --num-gpu-blocks-override) or decrease --max-model-len.")
+        config.cache_config.num_gpu_blocks = num_blocks
+        self.executor.initialize_cache(num_blocks)
 
     def add_request(self, requests: list[EngineCoreRequest]) -> None:
         """Queue one user request: its n sequences, the first one first. Raises ValueError
@@ -141,6 +148,12 @@ class EngineCore:
 
     def make_stats(self) -> SchedulerStats:
         return self.scheduler.make_stats()
+
+    def shutdown(self) -> None:
+        """Frees the executor's device memory; the core serves no step after it."""
+        if self._async_driver is not None:
+            self._async_driver = None  # its in-flight step's buffers are deleted below
+        self.executor.shutdown()
 
     def _check_queue(self, n: int) -> None:
         """Refuse past max_num_queued_reqs. Only sequences that would have to wait count (none

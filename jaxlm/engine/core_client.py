@@ -106,8 +106,11 @@ class InprocClient(EngineCoreClient):
     def __init__(self, config: EngineConfig) -> None:
         self.engine_core = EngineCore(config)
         self._stats = self.engine_core.make_stats()
+        self._closed = False
 
     def add_request(self, requests: list[EngineCoreRequest]) -> int:
+        if self._closed:
+            raise EngineDeadError("the engine was shut down (shutdown()): build a new one")
         self.engine_core.add_request(requests)  # raises at once: nothing is queued
         return self.engine_core.engine_index
 
@@ -124,6 +127,14 @@ class InprocClient(EngineCoreClient):
 
     def get_scheduler_stats(self) -> list[SchedulerStats]:
         return [self.engine_core.make_stats()]
+
+    def shutdown(self) -> None:
+        """Frees the engine's device memory now, whoever still refers to the engine."""
+        if not self._closed:
+            self._closed = True
+            self.engine_core.abort_requests(
+                [r.request_id for r in list(self.engine_core.scheduler.requests.values())])
+            self.engine_core.shutdown()
 
 
 @dataclasses.dataclass

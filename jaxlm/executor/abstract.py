@@ -73,4 +73,4 @@ class Executor(abc.ABC):
         """Raises when the executor cannot run another step (a lost node); in-process: never."""
 
     def shutdown(self) -> None:
-        """Releases what the executor holds beyond its process (the other nodes)."""
+        """Releases what the executor holds: its device buffers, and the other nodes."""

@@ -140,6 +140,7 @@ class MultiHostExecutor(MeshExecutor):
 
     def shutdown(self) -> None:
         self._shutdown()
+        super().shutdown()
 
 
 def _exit_if_unnoticed(executor_ref: weakref.ref, why: str) -> None:

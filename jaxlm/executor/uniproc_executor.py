@@ -40,5 +40,8 @@ class UniProcExecutor(Executor):
         background = self.worker.model_runner.background
         return background is not None and background.running()
 
+    def shutdown(self) -> None:
+        self.worker.release()
+
     def execute_model(self, scheduler_output: SchedulerOutput, non_block: bool = False) -> Any:
         return self.worker.execute_model(scheduler_output, non_block)

@@ -66,6 +66,7 @@ from jaxlm.worker.compile_guard import CompileGuard
 from jaxlm.worker.compile_jobs import compile_jobs
 from jaxlm.worker.input_batch import InputBatch, StepInputs
 from jaxlm.worker.program_cache import DeferredLoads
+from jaxlm.worker.release import delete_arrays, reachable_arrays
 from jaxlm.worker.request_states import RequestStates
 from jaxlm.worker.step_handle import StepHandle
 from jaxlm.worker.step_programs import (
@@ -172,6 +173,15 @@ class ModelRunner:
         tp = self.mesh.shape.get("model", 1)
         spec = jax.sharding.PartitionSpec(None, None, None, "model" if num_kv_heads % tp == 0 and tp > 1 else None)
         return jax.sharding.NamedSharding(self.mesh, spec)
+
+    def release_device_memory(self) -> int:
+        """Engine shutdown: stops a background compile, drops the programs and deletes every
+        device buffer the runner reaches (worker/release.py says why delete); the bytes freed."""
+        if self.background is not None:
+            self.background.stop()
+        freed = delete_arrays(reachable_arrays(self))
+        self._body, self._sample, self.kv_caches = {}, {}, None
+        return freed
 
     # ---- programs -------------------------------------------------------------------------
 

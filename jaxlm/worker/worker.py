@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+import gc
 import logging
+from typing import Any
 
 import jax
 import numpy as np
@@ -33,6 +33,11 @@ def round_down_significant_bits(n: int, bits: int) -> int:
     """n with all but its `bits` leading binary digits cleared (7 -> 6, 5 -> 4 for bits=2)."""
     drop = max(int(n).bit_length() - bits, 0)
     return (int(n) >> drop) << drop
+
+
+def device_memory_stats(device: Any) -> dict[str, int]:
+    """The allocator's counters (`bytes_limit`, `bytes_in_use`); empty where the device has none (CPU)."""
+    return device.memory_stats() or {}
 
 
 class Worker:
@@ -73,7 +78,7 @@ class Worker:
         per_block = self.bytes_per_block()
         if cache.kv_cache_memory_bytes is not None:
             budget = cache.kv_cache_memory_bytes
-        elif jax.default_backend() == "cpu":
+        elif jax.default_backend() == "cpu" and not device_memory_stats(self.mesh.devices.flat[0]):
             sched = self.config.scheduler_config
             useful = (sched.max_num_seqs * -(-sched.max_model_len // cache.block_size) + 1) * per_block
             free_half = psutil.virtual_memory().available // 2
@@ -85,7 +90,10 @@ class Worker:
                             ram_budget / 2**30)
         else:
             # Measured per device, so sized by what one device holds of a block (its KV heads).
-            stats = self.mesh.devices.flat[0].memory_stats() or {}
+            # Unreachable buffers of an engine dropped without shutdown() count as in use until a
+            # collection frees them.
+            gc.collect()
+            stats = device_memory_stats(self.mesh.devices.flat[0])
             limit = stats.get("bytes_limit", 0) * cache.gpu_memory_utilization
             budget = int(limit - stats.get("bytes_in_use", 0))
             per_block //= self.model_runner.kv_cache_shards()
@@ -96,6 +104,12 @@ class Worker:
                 "raise --gpu-memory-utilization or --kv-cache-memory-bytes"
             )
         return num_blocks
+
+    def release(self) -> int:
+        """Frees the replica's device memory (engine shutdown); the bytes freed."""
+        freed = 0 if self.model_runner is None else self.model_runner.release_device_memory()
+        logger.info("engine shut down: %.1f MiB of device buffers freed", freed / 2**20)
+        return freed
 
     def initialize_cache(self, num_blocks: int) -> None:
         self.model_runner.initialize_kv_cache(num_blocks, self.dtype)

@@ -34,7 +34,12 @@ def model_path(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def engine(model_path) -> LLMEngine:
-    return LLMEngine.from_engine_args(_args(model_path))
+    """Shared by the module's tests and their front ends: a front end's shutdown (which frees an
+    engine's device memory) must not end it, so only the module's teardown does."""
+    eng = LLMEngine.from_engine_args(_args(model_path))
+    shutdown, eng.shutdown = eng.shutdown, lambda: None
+    yield eng
+    shutdown()
 
 
 def _params() -> SamplingParams:
