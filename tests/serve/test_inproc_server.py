@@ -176,8 +176,9 @@ def test_x_request_id_names_the_response_and_the_log_line(logged, templated, cap
 
     async def together() -> list:
         async with async_client(logged.base) as aclient:
-            return await asyncio.gather(*(aclient.completions.create(
-                model=MODEL, prompt=p, max_tokens=4 + i, extra_headers=header, **greedy) for i, p in enumerate(prompts)))
+            return await asyncio.gather(*(
+                aclient.completions.create(model=MODEL, prompt=p, max_tokens=4 + i, extra_headers=header, **greedy)
+                for i, p in enumerate(prompts)))
 
     outs = asyncio.run(together())
     assert [o.id for o in outs] == ["cmpl-gateway-trace-42"] * 8
