@@ -23,11 +23,13 @@ class ParallelConfig:
     # behind one front end (the server only; each core is itself a tp x pp mesh).
     data_parallel_size: int = arg(1, "engine-core processes (replicas of the model), each on its own devices",
                                   flags=("-dp",))
-    # vLLM's flag: MoE experts on the tensor-parallel axis, num_experts / tp whole experts per
-    # device (tokens reach them under shard_map); without it each expert is split like the MLP.
+    # vLLM's flag: MoE experts whole on the tensor-parallel axis, as evenly as they go (the first
+    # num_experts % tp devices hold one more; tokens reach them under shard_map); without it each
+    # expert is split like the MLP.
     enable_expert_parallel: bool = arg(
-        False, "MoE models: place whole experts on the tensor-parallel devices (num_experts / tp each) "
-               "instead of splitting every expert; attention stays tensor parallel")
+        False, "MoE models: place whole experts on the tensor-parallel devices, as evenly as they go (10 "
+               "experts on 4 devices: 3, 3, 2, 2) instead of splitting every expert; attention stays tensor "
+               "parallel")
     # Several hosts (vLLM's multi-node flags): one process per node, one global mesh over all
     # their devices; the flags default to JAX's JAX_NUM_PROCESSES / JAX_PROCESS_ID /
     # JAX_COORDINATOR_ADDRESS when those are set (jaxlm.executor.distributed).

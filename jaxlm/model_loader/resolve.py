@@ -11,10 +11,10 @@ import jax
 import jax.numpy as jnp
 
 from jaxlm.config import LoadConfig, ModelConfig
-from jaxlm.model_loader.errors import CorruptCheckpointError, NoWeightsError
+from jaxlm.model_loader.errors import CorruptCheckpointError, NoWeightsError, UnsupportedModelError
 from jaxlm.model_loader.formats import default_model_path, detect_load_format, find_gguf_file, model_dir
 from jaxlm.model_loader.hf_cache import resolve_model_path
-from jaxlm.models.registry import text_model_config
+from jaxlm.models.registry import text_model_config, unsupported_architecture
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +92,10 @@ def resolve_model_config(model_config: ModelConfig, load_config: LoadConfig) -> 
         served = [model_config.model]
     load_format = detect_load_format(path, load_config.load_format)
     hf_config = model_config.hf_config if model_config.hf_config is not None else load_hf_config(path, load_format)
+    # Before any other field is read: an unsupported family's config (LLaVA's, BLIP-2's) may lack
+    # what every supported one has (vocab_size at the top level).
+    if (why := unsupported_architecture(hf_config)) is not None:
+        raise UnsupportedModelError(path, why)
     hf_config = text_model_config(hf_config)  # a multimodal checkpoint served for text: its text_config
     resolved = dataclasses.replace(
         model_config,

@@ -7,7 +7,11 @@ expert with a sigmoid gate (Qwen2-MoE). The math lives in ``moe_ops``.
 Placement over the mesh's ``model`` axis (tensor parallel size tp):
 - without expert parallelism, every expert's matrices are split like the dense MLP's (gate/up
   by output columns, down by input rows), so each device computes its slice of every expert;
-- with ``enable_expert_parallel``, each device holds num_experts / tp whole experts.
+- with ``enable_expert_parallel``, each device holds whole experts, as evenly as they go
+  (vLLM's ``determine_expert_map``: the first num_experts % tp devices hold one more; 10 experts
+  on 4 devices are 3, 3, 2, 2). The stacked Params keep ceil(num_experts / tp) slots per device
+  (``expert_slots``); a device with fewer experts leaves its last slot zero, and the router's
+  expert ids are mapped to slots, so no token reaches a padding slot.
 Either way the activations entering the block are replicated over ``model`` (attention's
 output projection already reduced them), so every device routes all tokens itself, computes
 the rows of the experts (or slices) it holds under ``shard_map``, and one ``psum`` of the
@@ -22,6 +26,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax import lax
 from jax.sharding import PartitionSpec as P
@@ -71,14 +76,9 @@ class MoEArgs:
         )
 
     def check_parallel(self, tp: int, expert_parallel: bool) -> None:
-        """A clear error when ``tp`` does not divide what it splits, naming both numbers."""
-        if tp == 1:
-            return
-        if expert_parallel:
-            if self.num_experts % tp:
-                raise ValueError(
-                    f"--enable-expert-parallel: tensor_parallel_size={tp} does not divide the model's "
-                    f"num_experts={self.num_experts} (each device holds num_experts / tp whole experts)")
+        """A clear error when ``tp`` does not divide what it splits, naming both numbers (whole
+        experts need not divide: expert_slots)."""
+        if tp == 1 or expert_parallel:
             return
         if self.intermediate_size % tp:
             raise ValueError(
@@ -89,28 +89,47 @@ class MoEArgs:
                              f"shared_expert_intermediate_size={self.shared_expert_intermediate_size}")
 
 
+def expert_slots(num_experts: int, ep_size: int) -> tuple[int, ...]:
+    """Expert e's index in the stacked Params when ``ep_size`` devices hold whole experts: device
+    d holds the experts vLLM's determine_expert_map gives it (num_experts // ep_size, one more on
+    the first num_experts % ep_size devices; contiguous, in order) in its block of
+    ceil(num_experts / ep_size) slots. The identity when ep_size divides num_experts."""
+    base, extra = divmod(num_experts, ep_size)
+    per_device = base + (extra > 0)
+    return tuple(d * per_device + i for d in range(ep_size) for i in range(base + (d < extra)))
+
+
 class FusedExperts(nnx.Module):
-    """Every expert's gated MLP, stacked: ``gate_up_proj`` [E, hidden, 2, I] (gate, up) and
-    ``down_proj`` [E, I, hidden]. Split over ``model`` by experts (expert parallel) or by I."""
+    """Every expert's gated MLP, stacked: ``gate_up_proj`` [S, hidden, 2, I] (gate, up) and
+    ``down_proj`` [S, I, hidden], expert e in slot ``slots[e]`` (S = E but under expert
+    parallelism over ``ep_size`` devices that E does not divide: expert_slots). Split over
+    ``model`` by experts (expert parallel) or by I."""
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int, *, expert_parallel: bool,
-                 dtype: jnp.dtype, rngs: nnx.Rngs):
+                 dtype: jnp.dtype, rngs: nnx.Rngs, ep_size: int = 1):
         ep = MODEL_AXIS if expert_parallel else None
         tp = None if expert_parallel else MODEL_AXIS
-        self.gate_up_proj = make_param(rngs, (num_experts, hidden, 2, intermediate), dtype, (ep, None, None, tp))
-        self.down_proj = make_param(rngs, (num_experts, intermediate, hidden), dtype, (ep, tp, None))
+        self.slots = expert_slots(num_experts, ep_size if expert_parallel else 1)
+        S = -(-num_experts // ep_size) * ep_size if expert_parallel else num_experts
+        self.gate_up_proj = make_param(rngs, (S, hidden, 2, intermediate), dtype, (ep, None, None, tp))
+        self.down_proj = make_param(rngs, (S, intermediate, hidden), dtype, (ep, tp, None))
+
+    @property
+    def padded(self) -> bool:
+        return self.slots != tuple(range(len(self.slots)))
 
     def weight_targets(self, prefix: str) -> dict[str, WeightTarget]:
         """HF's per-expert tensors ``{prefix}.{e}.{gate,up,down}_proj.weight`` ([out, in]), each
-        written into its expert's block of the stacked Params as it streams in."""
-        E, H, _, I = self.gate_up_proj.get_value().shape
+        written into its expert's slot of the stacked Params as it streams in (padding slots
+        stay zero)."""
+        _, H, _, I = self.gate_up_proj.get_value().shape
         targets: dict[str, WeightTarget] = {}
-        for e in range(E):
+        for e, slot in enumerate(self.slots):
             for j, name in enumerate(_GATE_UP):
                 targets[f"{prefix}.{e}.{name}.weight"] = WeightTarget(
-                    (I, H), [(self.gate_up_proj, lambda a: a.T[None, :, None, :])], starts=(e, 0, j, 0))
+                    (I, H), [(self.gate_up_proj, lambda a: a.T[None, :, None, :])], starts=(slot, 0, j, 0))
             targets[f"{prefix}.{e}.down_proj.weight"] = WeightTarget(
-                (H, I), [(self.down_proj, lambda a: a.T[None])], starts=(e, 0, 0))
+                (H, I), [(self.down_proj, lambda a: a.T[None])], starts=(slot, 0, 0))
         return targets
 
 
@@ -130,7 +149,8 @@ class FusedMoE(nnx.Module):
         self.gate = Linear(hidden, moe.num_experts, bias=False, parallel=ParallelStyle.REPLICATED, dtype=dtype,
                            rngs=rngs)
         self.experts = FusedExperts(moe.num_experts, hidden, moe.intermediate_size,
-                                    expert_parallel=expert_parallel, dtype=dtype, rngs=rngs)
+                                    expert_parallel=expert_parallel, dtype=dtype, rngs=rngs,
+                                    ep_size=self.mesh.shape[MODEL_AXIS] if self.mesh is not None else 1)
         self.shared_expert = shared_expert
         self.shared_expert_gate = (
             Linear(hidden, 1, bias=False, parallel=ParallelStyle.REPLICATED, dtype=dtype, rngs=rngs)
@@ -149,6 +169,8 @@ class FusedMoE(nnx.Module):
         act = get_act_fn(self.act)
         sharded = self.mesh is not None
         ep = self.expert_parallel and sharded
+        if self.experts.padded:  # expert ids -> their slots (an increasing map: the sort is the same)
+            ids = jnp.asarray(np.array(self.experts.slots, np.int32))[ids]
 
         def local(x, weights, ids, w_gate_up, w_down):
             order, es = sort_by_expert(ids)

@@ -77,10 +77,11 @@ class _ModelRegistry:
                 continue
             cls = _import_qualified(entry) if isinstance(entry, str) else entry
             return cls, arch
-        raise ValueError(
-            f"Model architectures {archs} are not supported by jaxlm. "
-            f"Supported architectures: {', '.join(self.get_supported_archs())}"
-        )
+        raise ValueError(self.unsupported_message(archs))
+
+    def unsupported_message(self, archs: list[str]) -> str:
+        return (f"Model architectures {archs} are not supported by jaxlm. "
+                f"Supported architectures: {', '.join(self.get_supported_archs())}")
 
 
 ModelRegistry = _ModelRegistry()
@@ -91,6 +92,16 @@ def get_model_architecture(hf_config: Any) -> type:
     archs = getattr(hf_config, "architectures", None) or []
     cls, _ = ModelRegistry.resolve_model_cls(archs)
     return cls
+
+
+def unsupported_architecture(hf_config: Any) -> str | None:
+    """Why jaxlm cannot build the model of `hf_config`, None when it can. Reads only the
+    config's ``architectures``: the rest of a config (its text_config, vision_config,
+    qformer_config, ...) belongs to that architecture and may lack what a supported one has."""
+    archs = list(getattr(hf_config, "architectures", None) or [])
+    if any(ModelRegistry.is_supported(arch) for arch in archs):
+        return None
+    return ModelRegistry.unsupported_message(archs)
 
 
 def text_model_config(hf_config: Any) -> Any:

@@ -17,6 +17,9 @@ from jaxlm.serve.protocol_tools import ResponseFormat
 # Upper bound of `n`: one request must not monopolise the engine (vLLM has no hard limit, but a
 # huge n is a malformed request here).
 MAX_N = 128
+# Upper bound of a client's request id (the request_id field, the X-Request-Id header): it is
+# logged and echoed in every response chunk.
+MAX_REQUEST_ID_LEN = 256
 
 
 def random_uuid() -> str:
@@ -135,7 +138,7 @@ class SamplingRequest(OpenAIBaseModel):
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     include_stop_str_in_output: bool = False
-    request_id: str | None = None
+    request_id: str | None = Field(None, max_length=MAX_REQUEST_ID_LEN)
     bad_words: list[str] | None = None
     allowed_token_ids: list[int] | None = None
     prompt_logprobs: int | None = Field(None, ge=-1)

@@ -17,7 +17,7 @@ from jaxlm.reasoning import ReasoningParser, ReasoningParserManager
 from jaxlm.serve.chat_output import ChatOutputParsers, ChoiceOutput
 from jaxlm.serve.chat_template import render_chat_request
 from jaxlm.serve.errors import OpenAIError
-from jaxlm.serve.protocol import ChatMessage, UsageInfo, random_uuid
+from jaxlm.serve.protocol import ChatMessage, UsageInfo
 from jaxlm.serve.protocol_chat import (
     ChatCompletionLogProb,
     ChatCompletionLogProbs,
@@ -118,10 +118,11 @@ class OpenAIServingChat(OpenAIServing):
         return self.encode(text, add_special_tokens=add_special_tokens)
 
     async def create_chat_completion(
-        self, request: ChatCompletionRequest
+        self, request: ChatCompletionRequest, raw_request: Any = None
     ) -> ChatCompletionResponse | AsyncIterator[str]:
         arrival_time = time.time()  # before tokenization: TTFT counts from here (as vLLM)
         self.check_engine()
+        request_id = f"chatcmpl-{self._base_request_id(raw_request, request.request_id)}"
         model = self.check_model(request.model)
         self.check_request_fields(request)
         if self.tool_parser is not None and request.tools:
@@ -133,7 +134,6 @@ class OpenAIServingChat(OpenAIServing):
         structured_outputs = self._constraint(request, parsers)
         max_tokens = self.resolve_max_tokens(len(ids), request.requested_max_tokens())
         params = self.build_params(request.to_sampling_params, max_tokens, structured_outputs)
-        request_id = f"chatcmpl-{request.request_id or random_uuid()}"
         gen = self.generate(ids, params, request_id, arrival_time, priority=request.priority,
                             beam_search=self.beam_search_params(request, params), model=model)
         try:

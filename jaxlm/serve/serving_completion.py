@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 from jaxlm.outputs import Logprob, RequestOutput
 from jaxlm.serve.errors import OpenAIError
@@ -15,7 +16,6 @@ from jaxlm.serve.protocol import (
     CompletionResponseChoice,
     CompletionStreamResponse,
     UsageInfo,
-    random_uuid,
 )
 from jaxlm.serve.serving_engine import OpenAIServing
 from jaxlm.serve.stream_utils import (
@@ -54,12 +54,13 @@ class OpenAIServingCompletion(OpenAIServing):
         return result
 
     async def create_completion(
-        self, request: CompletionRequest
+        self, request: CompletionRequest, raw_request: Any = None
     ) -> CompletionResponse | AsyncIterator[str]:
         """The response, or (stream=True) an SSE iterator whose first output already arrived, so
         that queue-full and invalid-prompt errors still get their HTTP status."""
         arrival_time = time.time()  # before tokenization: TTFT counts from here (as vLLM)
         self.check_engine()
+        request_id = f"cmpl-{self._base_request_id(raw_request, request.request_id)}"
         model = self.check_model(request.model)
         if request.suffix:
             raise OpenAIError("suffix is not supported", 400, "suffix")
@@ -69,7 +70,6 @@ class OpenAIServingCompletion(OpenAIServing):
                               "max_tokens")
         structured_outputs = structured_outputs_for(request)
         prompts = await asyncio.to_thread(self._prompts, request)  # tokenization off the event loop
-        request_id = f"cmpl-{request.request_id or random_uuid()}"
         generators = []
         for i, (text, ids) in enumerate(prompts):
             # echo with max_tokens=0: one token is generated (the engine always samples) and dropped.

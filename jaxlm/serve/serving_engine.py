@@ -17,7 +17,7 @@ from jaxlm.outputs import CompletionOutput, Logprob, RequestOutput, RequestState
 from jaxlm.sampling_params import BeamSearchParams, SamplingParams
 from jaxlm.serve.errors import OpenAIError
 from jaxlm.serve.metrics import ServerMetrics
-from jaxlm.serve.protocol import SamplingRequest
+from jaxlm.serve.protocol import MAX_REQUEST_ID_LEN, SamplingRequest, random_uuid
 from jaxlm.serve.serving_models import ServingModels
 from jaxlm.serve.request_logger import RequestLogger
 from jaxlm.structured_output.params import StructuredOutputsParams
@@ -88,6 +88,17 @@ class OpenAIServing:
         if request.stream and request.use_beam_search:
             raise OpenAIError("use_beam_search does not support streaming: its beams are ranked only at the "
                               "end; send stream=false", 400, "stream")
+
+    @staticmethod
+    def _base_request_id(raw_request: Any, default: str | None = None) -> str:
+        """vLLM's: the X-Request-Id header when the client (a proxy, a gateway) sends one, else
+        `default` (the body's request_id), else a random id. Responses and the request log carry
+        it; the engine keys each request by its own internal id, so live requests may share it."""
+        header = raw_request.headers.get("X-Request-Id") if raw_request is not None else None
+        if header is not None and len(header) > MAX_REQUEST_ID_LEN:
+            raise OpenAIError(f"the X-Request-Id header has {len(header)} characters; at most "
+                              f"{MAX_REQUEST_ID_LEN}", 400)
+        return header or default or random_uuid()
 
     def require_tokenizer(self, param: str | None, what: str) -> None:
         """400 for what needs text when the server runs with --skip-tokenizer-init."""

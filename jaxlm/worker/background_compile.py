@@ -29,14 +29,19 @@ logger = logging.getLogger(__name__)
 
 @dataclasses.dataclass
 class CompileJob:
-    """One program: compiling it stores the executable at runner._<table>[key]."""
+    """One program: compiling it stores the executable at runner._<table>[key]. A `fresh` job
+    compiles a program the runner already serves again, past JAX's cache (program_cache.py)."""
 
     table: str  # "body" or "sample"
     key: tuple  # (T, kind) or (S, variant)
-    run: Callable[[], None]
+    run: Callable[[bool], None]  # run(fresh)
+    fresh: bool = False
 
     def __call__(self) -> None:
-        self.run()
+        self.run(self.fresh)
+
+    def again(self) -> CompileJob:
+        return dataclasses.replace(self, fresh=True)
 
 
 class ReadyBuckets:
@@ -107,15 +112,25 @@ def background_order(job: CompileJob) -> tuple:
     return ({MIXED: 0, DECODE: 1, PROMPT_LOGPROBS: 2}[kind], size, 0)
 
 
+def _run_job(job: CompileJob) -> list[CompileJob]:
+    job()
+    return []
+
+
 class BackgroundCompiles:
-    """A thread that compiles `jobs` in order, publishing each to `ready`, then calls on_done().
-    watch: a context manager factory the compiles run inside (the program cache's)."""
+    """A thread that compiles `jobs` in order, publishing each to `ready` (a fresh job's program
+    is published already), then calls on_done().
+    watch: a context manager factory the compiles run inside (the program cache's).
+    run_job: runs a job and returns the jobs it adds at the end (ProgramCache.compile: a program
+    JAX loaded from its cache is compiled again)."""
 
     def __init__(self, jobs: list[CompileJob], ready: ReadyBuckets, on_done: Callable[[], None],
-                 watch: Callable[[], ContextManager[Any]] = contextlib.nullcontext):
+                 watch: Callable[[], ContextManager[Any]] = contextlib.nullcontext,
+                 run_job: Callable[[CompileJob], list[CompileJob]] = _run_job):
         self.jobs = list(jobs)
         self.done: list[CompileJob] = []
         self.watch = watch
+        self.run_job = run_job
         self.ready = ready
         self.on_done = on_done
         self.seconds = 0.0
@@ -156,9 +171,11 @@ class BackgroundCompiles:
             with self.watch():
                 while self.jobs and not self._stop.is_set():
                     job = self.jobs[0]
-                    job()
+                    more = self.run_job(job)
                     self.done.append(self.jobs.pop(0))
-                    self.ready.publish(job)
+                    self.jobs += more
+                    if not job.fresh:
+                        self.ready.publish(job)
         except BaseException as e:  # the engine keeps serving on the programs it has
             self.error = e
             logger.exception("background compilation failed; %d programs left uncompiled", len(self.jobs))

@@ -13,6 +13,7 @@ import numpy as np
 
 from jaxlm.sample.metadata import SamplerVariant
 from jaxlm.worker.background_compile import CompileJob
+from jaxlm.worker.program_cache import compile_fresh
 from jaxlm.worker.step_programs import MIXED, abstract
 
 
@@ -37,16 +38,18 @@ def compile_jobs(runner: Any) -> list[CompileJob]:
     runner._last_tokens = runner._put(np.zeros(runner.sample_capacity, np.int32))
     tokens_spec = jax.ShapeDtypeStruct((runner.sample_capacity,), jnp.int32, sharding=replicated)
 
-    def body(key: tuple[int, str]) -> None:
-        runner._body[key] = body_jit(*key).lower(params_spec, kv_spec, packed_spec(*key), tokens_spec).compile()
+    def body(key: tuple[int, str], fresh: bool) -> None:
+        lowered = body_jit(*key).lower(params_spec, kv_spec, packed_spec(*key), tokens_spec)
+        runner._body[key] = compile_fresh(lowered) if fresh else lowered.compile()
 
-    def sampler(key: tuple[int, SamplerVariant]) -> None:
+    def sampler(key: tuple[int, SamplerVariant], fresh: bool) -> None:
         md = runner.sampling.build_host([], *key)
         md_spec = jax.ShapeDtypeStruct(md.packed().shape, jnp.int32, sharding=replicated)
-        runner._sample[key] = jax.jit(runner._sample_fn(key[0], md)).lower(sampler_spec, hidden_sel, md_spec).compile()
+        lowered = jax.jit(runner._sample_fn(key[0], md)).lower(sampler_spec, hidden_sel, md_spec)
+        runner._sample[key] = compile_fresh(lowered) if fresh else lowered.compile()
 
-    def job(table: str, key: tuple, compile_fn: Callable[[tuple], None]) -> CompileJob:
-        return CompileJob(table, key, lambda: compile_fn(key))
+    def job(table: str, key: tuple, compile_fn: Callable[[tuple, bool], None]) -> CompileJob:
+        return CompileJob(table, key, lambda fresh: compile_fn(key, fresh))
 
     jobs = [job("body", (T, kind), body) for kind, buckets in runner.body_buckets().items() for T in buckets]
     return jobs + [job("sample", (S, v), sampler) for S in runner.seq_buckets for v in runner.sampling.variants()]

@@ -8,10 +8,12 @@ the tracing reads: the Python source of jaxlm and the kernel packages, the resol
 backend, the jax/jaxlib/flax versions and JAX's numerics flags, the devices, the whole engine config (model config, buckets, dtype, backend, LoRA, ...), the
 parameter and KV cache specs and the bucket lists. Any change there is a new file; a file that
 fails to load is removed (the programs are compiled).
-Only programs XLA compiled in this process are written: an executable JAX loaded from its own
-cache comes out of serialization without its functions on XLA:CPU (jax 0.10: "Function ...
-not found" when run), so a start whose programs came from JAX's cache writes no file here (the
-next cold compile does).
+Only programs XLA compiled in this process can be written: an executable JAX loaded from its own
+cache comes out of serialization without its functions on XLA:CPU (jaxlib 0.10.2: "Function ...
+not found" when run in the next process). So a start whose programs came from JAX's cache (a
+first start stopped before its background compiles ended, a jaxlm change that leaves the lowered
+programs alone) compiles those again with compile_fresh(), past JAX's cache, in the background
+(compile_in_background) and then writes the file; without a background thread it writes none.
 It lives beside the compilation cache (`<compilation cache>/jaxlm-programs/`) and is off with
 it; only a single process that sees one device uses it (a loaded executable binds to every
 local device, and the device assignment is not part of the key). The newest few entries are kept (a load refreshes its file's time), older ones removed.
@@ -32,19 +34,32 @@ import os
 import pickle
 import tempfile
 import time
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import jax
+from jax._src import config as jax_config  # a thread's own persistent-cache threshold (compile_fresh)
 from jax.experimental import serialize_executable
 
 from jaxlm.attention.backends import resolve_backend_name
 from jaxlm.config import EngineConfig
+
+if TYPE_CHECKING:
+    from jaxlm.worker.background_compile import CompileJob
 
 logger = logging.getLogger(__name__)
 
 _FORMAT = 1  # bump when the file's layout changes
 _HIT_EVENT = "/jax/compilation_cache/cache_hits"
 _KEEP = 4  # entries kept per directory (a changed config or jaxlm leaves its old one behind; ~110 MB for SmolLM2)
+# An XLA option at its default value: the program is the same, JAX's cache key is not, so XLA compiles it.
+_FRESH_OPTIONS = {"xla_embed_ir_in_executable": False}
+
+
+def compile_fresh(lowered: Any) -> Any:
+    """`lowered` compiled by XLA, never loaded from JAX's cache, so that it can be serialized
+    (see the module docstring); nor written there under its other key (this thread only)."""
+    with jax_config.persistent_cache_min_compile_time_secs(float("inf")):
+        return lowered.compile(compiler_options=_FRESH_OPTIONS)
 
 
 def code_fingerprint() -> str:
@@ -97,6 +112,7 @@ class ProgramCache:
     def __init__(self, path: str | None):
         self.path = path  # None: off (load() finds nothing, save() writes nothing)
         self.jax_cache_hits = 0  # programs compiled under watch_compiles() that JAX loaded from its cache
+        self.from_jax_cache: set[tuple[str, Any]] = set()  # (table, key) run by compile(): not serializable yet
         self.num_programs = 0  # in the file load() read
 
     @classmethod
@@ -155,13 +171,27 @@ class ProgramCache:
         finally:
             jax.monitoring.unregister_event_listener(on_event)
 
+    def compile(self, job: CompileJob) -> list[CompileJob]:
+        """Runs `job` (inside watch_compiles()); returns [the job again, fresh] when JAX loaded its
+        program from its cache and the file is on: compiled again, it can be saved."""
+        hits = self.jax_cache_hits
+        job()
+        name = (job.table, job.key)
+        if job.fresh:
+            self.from_jax_cache.discard(name)
+        elif self.jax_cache_hits > hits and self.path is not None:
+            self.from_jax_cache.add(name)
+            return [job.again()]
+        return []
+
     def save(self, programs: dict[str, dict[Any, Any]], values: dict[str, Any]) -> None:
         """Writes the compiled `programs` ({name: {key: Compiled}}) and plain `values`
         atomically (a reader never sees half a file). Failing to write only logs."""
         if self.path is None:
             return
-        if self.jax_cache_hits:
-            logger.info("program cache not written: %d programs came from JAX's compilation cache", self.jax_cache_hits)
+        if self.from_jax_cache:
+            logger.info("program cache not written: %d programs came from JAX's compilation cache, which XLA:CPU "
+                        "cannot serialize again (compile_in_background compiles them again)", len(self.from_jax_cache))
             return
         try:
             table = {name: {key: serialize_executable.serialize(c) for key, c in t.items()}
@@ -177,6 +207,7 @@ class ProgramCache:
                 if os.path.exists(tmp):
                     os.unlink(tmp)
             prune(os.path.dirname(self.path), _KEEP)
+            logger.info("program cache written: %d programs to %s", sum(map(len, table.values())), self.path)
         except Exception as e:
             logger.warning("could not write the program cache %s (%s: %s)", self.path, type(e).__name__, e)
 

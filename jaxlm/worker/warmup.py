@@ -34,8 +34,9 @@ def warm_up(runner: Any) -> None:
         runner.num_programs = runner.programs_from_cache = cache.num_programs
     else:
         jobs = runner.compile_jobs()
-        runner.num_programs, later = len(jobs), []
-        if comp.compile_in_background and may_compile_in_background(runner):
+        runner.num_programs, later, again = len(jobs), [], []
+        in_background = comp.compile_in_background and may_compile_in_background(runner)
+        if in_background:
             now = runner.ready.serving_set(jobs)
             later = sorted((j for j in jobs if j not in now), key=background_order)
         if later:
@@ -43,18 +44,23 @@ def warm_up(runner: Any) -> None:
             jobs, background = now, len(later)
         with cache.watch_compiles():
             for job in tqdm(jobs, desc="Compiling buckets", unit="program"):
-                job()
+                again += cache.compile(job)
                 if background:
                     runner.ready.publish(job)
-        if later:
-            runner.background = BackgroundCompiles(later, runner.ready, lambda: _save(runner, cache),
-                                                   watch=cache.watch_compiles)
+        if in_background and (later or again):
+            # Programs JAX loads from its cache meanwhile (cache.compile) are compiled again at the end.
+            runner.background = BackgroundCompiles(later + again, runner.ready, lambda: _save(runner, cache),
+                                                   watch=cache.watch_compiles, run_job=cache.compile)
         else:
             _save(runner, cache)
     runner.warmup_seconds = time.perf_counter() - start
     logger.info("Compiled %d programs in %.1f s (%d from the program cache%s%s)", runner.num_programs - background,
                 runner.warmup_seconds, runner.programs_from_cache, ", loaded on use" * bool(runner.deferred_loads),
                 f"; {background} more compile in the background while serving" * bool(background))
+    if cache.from_jax_cache:  # cache.save() explains itself when nothing compiles them again
+        logger.info("%d programs came from JAX's compilation cache: XLA:CPU cannot serialize them again, so they %s",
+                    len(cache.from_jax_cache), "compile again in the background for the program cache"
+                    if runner.background is not None else "leave the program cache unwritten")
     if runner.background is not None:
         runner.background.start()
 
@@ -68,8 +74,10 @@ def may_compile_in_background(runner: Any) -> bool:
 def _save(runner: Any, cache: ProgramCache) -> None:
     cache.save({"body": runner._body, "sample": runner._sample}, {"leaf_index": runner._sampler_leaf_index})
     if runner.background is not None:
-        logger.info("all %d programs compiled (%d in the background, %.1f s)", runner.num_programs,
-                    len(runner.background.done), runner.background.seconds)
+        again = sum(j.fresh for j in runner.background.done)
+        logger.info("all %d programs compiled (%d in the background, %.1f s%s)", runner.num_programs,
+                    len(runner.background.done) - again, runner.background.seconds,
+                    f"; {again} from JAX's compilation cache compiled again for the program cache" * bool(again))
 
 
 def program_cache(runner: Any) -> ProgramCache:

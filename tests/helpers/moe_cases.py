@@ -3,8 +3,10 @@
 Usage: ``python -m tests.helpers.moe_cases OUT.json DIR``. One tiny Qwen2-MoE (8 experts, top-2,
 a shared expert, a dense layer between sparse ones) served at TP=1, EP=2, EP=4 and TP=2 without
 EP under chunked prefill and preemption; per case the tokens and top logprobs, the compile
-counter after warm-up and the bytes device 0 holds of the expert weights and of the rest;
-plus the errors for sizes that do not divide.
+counter after warm-up and the bytes device 0 holds of the expert weights and of the rest. Then
+10 and 6 experts at EP=4, which 4 does not divide (3, 3, 2, 2 and 2, 2, 1, 1 experts per
+device), their greedy tokens beside transformers' on the same weights (one device's reference,
+without compiling a second engine); plus the errors for sizes that still must divide.
 """
 
 from __future__ import annotations
@@ -45,6 +47,32 @@ def run_case(path: str, tp: int, ep: bool) -> dict:
     return result
 
 
+def hf_greedy(path: str, prompt: list[int], n: int) -> list[int]:
+    """transformers' greedy continuation of `prompt` (n tokens, EOS not special)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
+def uneven_case(path: str) -> dict:
+    greedy = SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)
+    llm = LLM(model=path, tensor_parallel_size=4, enable_expert_parallel=True, **ENGINE)
+    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], greedy, use_tqdm=False)
+    runner = llm.llm_engine.get_model_runner()
+    expert_arrays = [v.get_value() for path, v in nnx.to_flat_state(runner.params) if "experts" in path]
+    result = dict(tokens=[list(o.outputs[0].token_ids) for o in outs], expert_bytes=per_device_bytes(expert_arrays),
+                  compiles=runner.num_compiles_after_warmup, preemptions=llm.llm_engine.scheduler.num_preemptions)
+    del llm
+    result["hf_tokens"] = [hf_greedy(path, p, 10) for p in PROMPTS]
+    return result
+
+
 def error_of(path: str, tp: int, ep: bool) -> str:
     try:
         LLM(model=path, tensor_parallel_size=tp, enable_expert_parallel=ep, **ENGINE)
@@ -57,8 +85,12 @@ def main(out_path: str, work_dir: str) -> None:
     assert len(jax.devices()) == 8, jax.devices()
     path = tm.make_tiny_model("qwen2_moe", os.path.join(work_dir, "qwen2_moe"), num_experts=8)
     results: dict = {name: run_case(path, tp, ep) for name, (tp, ep) in CASES.items()}
+    for experts in (10, 6):
+        uneven = tm.make_tiny_model("qwen2_moe", os.path.join(work_dir, f"e{experts}"), num_experts=experts)
+        results[f"e{experts}"] = uneven_case(uneven)
     odd = tm.make_tiny_model("qwen2_moe", os.path.join(work_dir, "odd"), num_experts=6, moe_intermediate_size=30)
-    results["errors"] = dict(experts=error_of(odd, 4, True), intermediate=error_of(odd, 4, False))
+    # Whole experts need not divide; an expert's slices (TP without EP) and attention heads do.
+    results["errors"] = dict(intermediate=error_of(odd, 4, False), heads=error_of(odd, 8, True))
     with open(out_path, "w") as f:
         json.dump(results, f)
 

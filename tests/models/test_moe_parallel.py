@@ -1,4 +1,5 @@
-"""Expert parallelism on 8 CPU devices: EP=2, EP=4 and TP=2 without EP give one device's tokens.
+"""Expert parallelism on 8 CPU devices: EP=2, EP=4 and TP=2 without EP give one device's tokens;
+so does EP=4 over 10 and 6 experts, spread as vLLM's determine_expert_map (3, 3, 2, 2; 2, 2, 1, 1).
 
 The cases run once, in a subprocess (tests/helpers/moe_cases.py) that asks XLA for 8 host
 devices before importing jax; one engine per case, prompts chunked and preempted.
@@ -13,7 +14,7 @@ from tests.helpers.device_cases import run_cases
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict:
-    return run_cases("tests.helpers.moe_cases", tmp_path_factory.mktemp("moe"))
+    return run_cases("tests.helpers.moe_cases", tmp_path_factory.mktemp("moe"), timeout=1200)
 
 
 @pytest.mark.parametrize("case", ["ep2", "ep4", "tp2"])
@@ -36,7 +37,19 @@ def test_each_device_holds_its_experts(results):
           f"{ {k: results[k]['weight_bytes'] for k in e} }")
 
 
+@pytest.mark.parametrize("experts, most", [(10, 3), (6, 2)])
+def test_experts_that_do_not_divide_give_one_devices_greedy_tokens(results, experts, most):
+    """EP=4 over 10 (3, 3, 2, 2 per device) and 6 experts (2, 2, 1, 1), against transformers on
+    the same weights: a misplaced expert or a token routed to the wrong slot changes the tokens."""
+    case = results[f"e{experts}"]
+    assert case["tokens"] == case["hf_tokens"]
+    assert case["compiles"] == 0 and case["preemptions"] > 0
+    # Device 0 holds ceil(E / 4) whole experts: `most` of the E experts' bytes.
+    per_expert, rem = divmod(results["tp1"]["expert_bytes"], 8)  # the 8-expert model: same expert shapes
+    assert rem == 0 and case["expert_bytes"] == most * per_expert, (case["expert_bytes"], per_expert)
+
+
 def test_sizes_that_do_not_divide_are_refused(results):
     errors = results["errors"]
-    assert "tensor_parallel_size=4" in errors["experts"] and "num_experts=6" in errors["experts"], errors
     assert "tensor_parallel_size=4" in errors["intermediate"] and "30" in errors["intermediate"], errors
+    assert "tensor_parallel_size=8" in errors["heads"] and "num_attention_heads=4" in errors["heads"], errors

@@ -45,9 +45,13 @@ def _stream(base: str, events: list[str], first: threading.Event) -> None:
 
 @pytest.fixture(scope="module")
 def dp2(tiny_llama):
+    # Every model step 50 ms longer (fault_patch.py's "slow"): the dropped streams are still running
+    # when their clients leave ("Aborted request"), and the stream the last test's SIGKILL cuts is
+    # still open, however fast the machine.
     srv = ServerProcess(tiny_llama, ["--served-model-name", "tiny", "-dp", "2", "--disable-log-stats",
                                      "--enable-log-requests", "--uvicorn-log-level", "info"],
-                        env={"JAXLM_LOG_STATS_INTERVAL": "0.2"})  # were the stats line on, it would show
+                        env={"JAXLM_LOG_STATS_INTERVAL": "0.2",  # were the stats line on, it would show
+                             "JAXLM_TEST_FAULT": "slow"})
     yield srv
     srv.stop(signal.SIGKILL)
 

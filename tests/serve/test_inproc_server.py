@@ -5,8 +5,11 @@ the engine's periodic stats line, and the gauges of an idle engine."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import re
+import time
 
 import jinja2
 import openai
@@ -14,7 +17,15 @@ import pytest
 
 from jaxlm.engine.arg_utils import EngineArgs
 from jaxlm.engine.async_llm_engine import AsyncLLMEngine
-from tests.serve.conftest import TINY_ENGINE_ARGS, ServerThread, assert_idle_gauges, concurrent_streams, metric
+from jaxlm.serve.protocol import MAX_REQUEST_ID_LEN
+from tests.serve.conftest import (
+    TINY_ENGINE_ARGS,
+    ServerThread,
+    assert_idle_gauges,
+    async_client,
+    concurrent_streams,
+    metric,
+)
 
 pytestmark = pytest.mark.timeout(600)
 MODEL = "base"
@@ -69,6 +80,23 @@ def plain(engine):
     srv.stop()
 
 
+@contextlib.contextmanager
+def slow_steps(engine):
+    """Every model step takes 50 ms longer inside (fault_patch.py's "slow", for this process's
+    engine): 100 tokens outlast a client that leaves after two, and 20 tokens span several
+    0.2 s stats intervals, however fast the machine."""
+    runner = engine.engine.get_model_runner()
+    real = runner.execute_model
+
+    def slowed(*args, **kwargs):
+        time.sleep(0.05)
+        return real(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(runner, "execute_model", slowed)
+        yield
+
+
 def _flag_ids(engine, tools=None) -> list[int]:
     """The token ids of the flag's template rendered independently (plain Jinja), without BOS."""
     text = jinja2.Template(TEMPLATE).render(messages=MESSAGES, tools=tools, add_generation_prompt=True)
@@ -121,7 +149,9 @@ def test_enable_log_requests_logs_arrivals_cut_to_max_log_len_and_aborts(logged,
     ids = engine.tokenizer.encode(prompt)
     client = logged.client()
     out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, temperature=0.0)
-    concurrent_streams(logged.base, MODEL, [prompt], 100, drop={0}, temperature=0.0, extra_body={"ignore_eos": True})
+    with slow_steps(engine):  # the dropped stream is still running when its client leaves
+        concurrent_streams(logged.base, MODEL, [prompt], 100, drop={0}, temperature=0.0,
+                           extra_body={"ignore_eos": True})
     lines = [r.getMessage() for r in caplog.records if r.name == "jaxlm.serve.request_logger"]
     received = [line for line in lines if line.startswith("Received request")]
     assert len(received) == 2, lines
@@ -134,11 +164,63 @@ def test_enable_log_requests_logs_arrivals_cut_to_max_log_len_and_aborts(logged,
     assert not [r for r in caplog.records if r.name == "jaxlm.serve.request_logger"]
 
 
-def test_stats_line_is_logged_while_the_engine_works(plain, caplog):
-    """The engine's periodic line (on by default; --disable-log-stats: test_engine_core_proc.py)."""
+def test_x_request_id_names_the_response_and_the_log_line(logged, templated, caplog):
+    """vLLM's _base_request_id: the header's id, prefixed, in the response and the request log;
+    8 concurrent requests sharing it each get their own answer (the engine's ids stay unique)."""
     caplog.set_level(logging.INFO, logger="jaxlm")
-    concurrent_streams(plain.base, MODEL, ["The capital of France is"] * 4, 100, drop=set(), temperature=0.0,
-                       extra_body={"ignore_eos": True})
+    prompts = [f"The capital of France is {i}" for i in range(8)]
+    client, greedy = logged.client(), dict(temperature=0.0, extra_body={"ignore_eos": True})
+    reference = [client.completions.create(model=MODEL, prompt=p, max_tokens=4 + i, **greedy).choices[0].text
+                 for i, p in enumerate(prompts)]
+    header = {"X-Request-Id": "gateway-trace-42"}
+
+    async def together() -> list:
+        async with async_client(logged.base) as aclient:
+            return await asyncio.gather(*(
+                aclient.completions.create(model=MODEL, prompt=p, max_tokens=4 + i, extra_headers=header, **greedy)
+                for i, p in enumerate(prompts)))
+
+    outs = asyncio.run(together())
+    assert [o.id for o in outs] == ["cmpl-gateway-trace-42"] * 8
+    assert [o.choices[0].text for o in outs] == reference and [o.usage.completion_tokens for o in outs] == list(
+        range(4, 12))
+    lines = [r.getMessage() for r in caplog.records if r.name == "jaxlm.serve.request_logger"]
+    assert sum(line.startswith("Received request cmpl-gateway-trace-42-0: ") for line in lines) == 8, lines
+    chat = templated.client().chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2,
+                                                      extra_headers=header)
+    assert chat.id == "chatcmpl-gateway-trace-42"
+    stream = client.completions.create(model=MODEL, prompt="Hi", max_tokens=3, stream=True, extra_headers=header)
+    assert {chunk.id for chunk in stream} == {"cmpl-gateway-trace-42"}
+    # The header wins over the body's request_id, as in vLLM.
+    both = client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, extra_headers=header,
+                                     extra_body={"request_id": "body-id"})
+    plain_id = client.completions.create(model=MODEL, prompt="Hi", max_tokens=2, extra_body={"request_id": "body-id"})
+    assert (both.id, plain_id.id) == ("cmpl-gateway-trace-42", "cmpl-body-id")
+
+
+def test_a_request_id_past_the_bound_is_a_400(templated):
+    long_id = "x" * (MAX_REQUEST_ID_LEN + 1)
+    with templated.http() as http:
+        for path, body in (("/v1/completions", {"prompt": "Hi"}),
+                           ("/v1/chat/completions", {"messages": MESSAGES})):
+            r = http.post(path, json={"model": MODEL, "max_tokens": 2, **body}, headers={"X-Request-Id": long_id})
+            assert r.status_code == 400 and "X-Request-Id" in r.json()["error"]["message"], r.text
+            assert str(MAX_REQUEST_ID_LEN) in r.json()["error"]["message"]
+            r = http.post(path, json={"model": MODEL, "max_tokens": 2, "request_id": long_id, **body})
+            assert r.status_code == 400 and "request_id" in r.text, r.text
+        ok = http.post("/v1/completions", json={"model": MODEL, "prompt": "Hi", "max_tokens": 2},
+                       headers={"X-Request-Id": "x" * MAX_REQUEST_ID_LEN})
+        assert ok.status_code == 200 and ok.json()["id"] == "cmpl-" + "x" * MAX_REQUEST_ID_LEN, ok.text
+
+
+def test_stats_line_is_logged_while_the_engine_works(plain, engine, caplog):
+    """The engine's periodic line (on by default; --disable-log-stats: test_engine_core_proc.py).
+    Its interval is 0.2 s here; 20 steps of at least 50 ms each span several, however fast the
+    machine (unslowed, a fast one finished four streams of 100 tokens inside one interval)."""
+    caplog.set_level(logging.INFO, logger="jaxlm")
+    with slow_steps(engine):
+        concurrent_streams(plain.base, MODEL, ["The capital of France is"] * 4, 20, drop=set(), temperature=0.0,
+                           extra_body={"ignore_eos": True})
     lines = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
     assert any(line.startswith("Avg prompt throughput: ") and "Running: " in line for line in lines), lines
 

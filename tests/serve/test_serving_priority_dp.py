@@ -26,10 +26,17 @@ def server(tmp_path_factory):
     # tiny_llama's weights (same seed and shapes), without any tokenizer file.
     path = make_tiny_model("llama", tmp_path_factory.mktemp("bare"), with_tokenizer=False, vocab_size=TINY_VOCAB)
     assert not [f for f in os.listdir(path) if "token" in f]
-    # One sequence slot per core, so queued requests wait in each core's priority queue.
-    srv = serve_engine(path, ["--served-model-name", MODEL], data_parallel_size=2, scheduling_policy="priority",
-                       skip_tokenizer_init=True, max_num_seqs=1, seq_buckets=[1], token_buckets=[16],
-                       max_num_batched_tokens=16)
+    # One sequence slot per core, so queued requests wait in each core's priority queue. Every
+    # model step 50 ms longer in the cores (fault_patch.py's "slow", which sitecustomize.py imports
+    # in each spawned core): the low-priority requests still queue when the high ones arrive,
+    # however fast the machine.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("JAXLM_TEST_FAULT", "slow")
+        mp.setenv("PYTHONPATH", os.pathsep.join([os.path.dirname(os.path.abspath(__file__)),
+                                                 os.environ.get("PYTHONPATH", "")]))
+        srv = serve_engine(path, ["--served-model-name", MODEL], data_parallel_size=2, scheduling_policy="priority",
+                           skip_tokenizer_init=True, max_num_seqs=1, seq_buckets=[1], token_buckets=[16],
+                           max_num_batched_tokens=16)
     yield srv
     srv.stop()
 
@@ -97,7 +104,7 @@ def test_priority_orders_each_core_across_the_process_boundary(http, server):
         thread.start()
         return thread
 
-    lows = [send(f"low{i}", 5, 100) for i in range(10)]
+    lows = [send(f"low{i}", 5, 20) for i in range(10)]  # >= 1 s each (slow steps)
     # All ten are in the front end's queue of commands, so each core gets its lows before its high.
     assert wait_for(lambda: server.engine.get_num_unfinished_requests() + len(finished) == 10)
     lows_done_before = len(finished)

@@ -72,8 +72,8 @@ def test_a_cold_start_serves_on_the_largest_buckets_while_the_rest_compile(model
 
 
 def _jobs(ready: ReadyBuckets) -> list[CompileJob]:
-    jobs = [CompileJob("body", (T, kind), lambda: None) for kind, b in ready.body_buckets.items() for T in b]
-    return jobs + [CompileJob("sample", (S, v), lambda: None) for S in ready.seq_buckets for v in "abc"]
+    jobs = [CompileJob("body", (T, kind), lambda fresh: None) for kind, b in ready.body_buckets.items() for T in b]
+    return jobs + [CompileJob("sample", (S, v), lambda fresh: None) for S in ready.seq_buckets for v in "abc"]
 
 
 def test_ready_buckets_pick_the_smallest_compiled_one():

@@ -108,11 +108,11 @@ def check_fair_share(raw: Request, prompts: int, n: int) -> None:
 async def completions(request: CompletionRequest, raw: Request) -> Response:
     check_fair_share(raw, num_prompts(request.prompt), request.n)
     serving: OpenAIServingCompletion = raw.app.state.serving_completion
-    return respond(await until_disconnected(raw, serving.create_completion(request)))
+    return respond(await until_disconnected(raw, serving.create_completion(request, raw)))
 
 
 @router.post("/v1/chat/completions")
 async def chat_completions(request: ChatCompletionRequest, raw: Request) -> Response:
     check_fair_share(raw, 1, request.n)
     serving: OpenAIServingChat = raw.app.state.serving_chat
-    return respond(await until_disconnected(raw, serving.create_chat_completion(request)))
+    return respond(await until_disconnected(raw, serving.create_chat_completion(request, raw)))
