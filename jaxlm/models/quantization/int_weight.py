@@ -9,8 +9,9 @@ Every such format is repacked at load, on the host one tensor at a time, into on
   symmetric formats (compressed-tensors) subtract ``2 ** (bits - 1)`` instead.
 
 so one ``apply`` serves them all: the words are unpacked, offset and scaled by group inside
-the compiled product (XLA fuses the convert into the dot's operand), and the device holds the
-packed bytes (4-bit: half a byte a weight plus 1/group of scale and zero). All tensors are
+the compiled step, right before the product (a transient float weight per layer; no integer
+kernel yet), and the device holds the packed bytes (4-bit: half a byte a weight plus 1/group of
+scale and zero). All tensors are
 [in, out]-major, so tensor parallel splits them like the float weight: output columns for a
 column-parallel layer, input rows (whole groups) for a row-parallel one.
 """
