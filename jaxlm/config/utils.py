@@ -17,6 +17,8 @@ DTYPES = ("auto", "float32", "bfloat16", "float16", *DTYPE_ALIASES)
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "orbax")
 ATTENTION_BACKENDS = ("auto", "xla", "pallas", "cpu")
 SCHEDULING_POLICIES = ("fcfs", "priority")
+# vLLM's --quantization names jaxlm serves (jaxlm/models/quantization/registry.py holds the configs).
+QUANTIZATION_METHODS = ("fp8", "awq", "gptq", "compressed-tensors")
 
 
 def jaxlm_cache_root() -> str | None:

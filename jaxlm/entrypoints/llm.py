@@ -25,7 +25,6 @@ ChatMessages = list[dict[str, Any]]
 _VLLM_FIXED_ARGS: dict[str, tuple[Any, str]] = {
     "tokenizer_mode": ("auto", "jaxlm loads HF fast tokenizers only"),
     "tokenizer_revision": (None, "pass a tokenizer directory as tokenizer="),
-    "quantization": (None, "jaxlm has no quantized kernels (a GGUF file is dequantized when loaded)"),
     "kv_cache_dtype": ("auto", "the KV cache is kept in the model's dtype"),
     "enable_chunked_prefill": (True, "jaxlm always chunks prefills into the step budget"),
     "cpu_offload_gb": (0, "jaxlm does not offload weights"),
@@ -71,7 +70,8 @@ class LLM:
         engine = self.llm_engine
         registry = CollectorRegistry()
         registry.register(EngineStatsCollector(str(engine.model_config.model), engine.get_stats,
-                                               cache_config_info(engine.engine_config.cache_config)))
+                                               cache_config_info(engine.engine_config.cache_config),
+                                               engine.engine_config.model_config))
         return get_metrics_snapshot(registry)
 
     def get_default_sampling_params(self) -> SamplingParams:

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxlm.config import LoadConfig, ModelConfig
+from jaxlm.config.utils import QUANTIZATION_METHODS
 from jaxlm.model_loader.errors import CorruptCheckpointError, NoWeightsError, UnsupportedModelError
 from jaxlm.model_loader.formats import default_model_path, detect_load_format, find_gguf_file, model_dir
 from jaxlm.model_loader.hf_cache import resolve_model_path
@@ -104,12 +105,31 @@ def resolve_model_config(model_config: ModelConfig, load_config: LoadConfig) -> 
         hf_config=hf_config,
         dtype=resolve_dtype(model_config.dtype, hf_config),
         max_model_len=resolve_max_model_len(model_config.max_model_len, hf_config),
+        quantization=model_config.quantization or checkpoint_quant_method(hf_config),
     )
     logger.info(
-        "model %s (%s, %s): dtype %s, max_model_len %d",
+        "model %s (%s, %s): dtype %s, max_model_len %d, quantization %s",
         path, load_format, type(hf_config).__name__, resolved.dtype, resolved.max_model_len,
+        resolved.quantization or "none",
     )
     return resolved
+
+
+def checkpoint_quant_method(hf_config: Any) -> str | None:
+    """The ``quant_method`` of a checkpoint's ``quantization_config`` (vLLM's spelling), if any;
+    checked against the supported ones when the model is built (models/quantization/registry.py)."""
+    raw = getattr(hf_config, "quantization_config", None)
+    if raw is None:
+        return None
+    method = raw.get("quant_method") if isinstance(raw, dict) else getattr(raw, "quant_method", None)
+    method = getattr(method, "value", method)  # transformers may hold an enum
+    if not method:
+        return None
+    name = str(method).lower().replace("_", "-")
+    if name not in QUANTIZATION_METHODS:
+        raise ValueError(f"the checkpoint's quantization method {name!r} is not supported by jaxlm; "
+                         f"supported: {', '.join(sorted(QUANTIZATION_METHODS))}")
+    return name
 
 
 def get_jax_dtype(model_config: ModelConfig) -> Any:

@@ -55,6 +55,7 @@ FLAG_TESTS = {
     "--trust-remote-code": "tests/entrypoints/test_llm_args.py::test_engine_fields_are_accepted",
     "--dtype": "tests/model_loader/test_loader_safetensors.py::test_bf16_checkpoint_and_dtype_placement",
     "--max-model-len": "tests/entrypoints/test_llm_api.py::test_bad_request_fails_alone",
+    "--quantization": "tests/models/quantization/test_quantized_engine.py::test_online_fp8_through_llm",
     "--seed": "tests/entrypoints/test_sampling_e2e.py::test_unseeded_requests_differ_but_engine_seed_repeats",
     "--served-model-name": "tests/serve/test_real_engine.py::test_errors_on_real_engine",
     "--generation-config": "tests/entrypoints/test_generation_config.py::test_generation_config_modes",
