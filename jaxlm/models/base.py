@@ -150,6 +150,8 @@ class CausalLMBase(nnx.Module):
 
     # HF names that are buffers, not weights (matched as suffixes of the canonical name).
     _ignored_suffixes: tuple[str, ...] = ("rotary_emb.inv_freq",)
+    # False: a pooling model (models/pooling_adapters.py, bert.py), whose output is hidden states.
+    has_lm_head: bool = True
 
     def __init__(
         self, config: Any, *, dtype: jnp.dtype, attn_backend, rngs: nnx.Rngs, mesh: Mesh | None = None,
@@ -178,7 +180,7 @@ class CausalLMBase(nnx.Module):
         # True when lm_head shares the token embedding (then no lm_head.weight is expected).
         self.tie_word_embeddings = bool(self.args.tie_word_embeddings)
         self.build(config, rngs)
-        if self.tie_word_embeddings:
+        if self.tie_word_embeddings or not self.has_lm_head:
             self.lm_head = None
         else:
             embed_dim = self.input_embedding().weight.get_value().shape[1]
