@@ -33,6 +33,10 @@ logger = logging.getLogger(__name__)
 PoolingPrompt = Any
 
 
+def _invalid(message: str, param: str) -> InvalidRequestError:
+    return InvalidRequestError(param, message)
+
+
 def wants_pooling_runner(config: EngineConfig) -> bool:
     """Whether the pooling runner serves this config (the flags, else the architecture and a
     sentence-transformers checkpoint); reads the model's config.json, changes nothing."""
@@ -83,15 +87,15 @@ class PoolingEngine:
         if task not in self.spec.supported_tasks:
             what = (f"a classifier with {self.spec.num_labels} labels" if self.spec.has_head
                     else "an embedding model")
-            raise InvalidRequestError(f"task {task!r} is not supported by this model ({what}); it supports: "
+            raise _invalid(f"task {task!r} is not supported by this model ({what}); it supports: "
                                       f"{', '.join(self.spec.supported_tasks)}", "task")
 
     def _check_params(self, params: PoolingParams, task: str) -> None:
         if params.dimensions is not None:
             if self.spec.has_head:
-                raise InvalidRequestError("dimensions applies to embeddings; this model is a classifier", "dimensions")
+                raise _invalid("dimensions applies to embeddings; this model is a classifier", "dimensions")
             if params.dimensions > self.spec.hidden_size:
-                raise InvalidRequestError(f"dimensions={params.dimensions} is larger than the model's embedding size "
+                raise _invalid(f"dimensions={params.dimensions} is larger than the model's embedding size "
                                           f"{self.spec.hidden_size}", "dimensions")
 
     def tokenize(self, prompts: Sequence[PoolingPrompt], truncate: int | None) -> list[tuple[list[int], list[int] | None]]:
@@ -105,7 +109,7 @@ class PoolingEngine:
                 elif "prompt" in p:
                     p = p["prompt"]
                 else:
-                    raise InvalidRequestError("a prompt dict needs 'prompt' or 'prompt_token_ids'", "prompt")
+                    raise _invalid("a prompt dict needs 'prompt' or 'prompt_token_ids'", "prompt")
             if isinstance(p, str):
                 texts.append((i, p))
             elif isinstance(p, (tuple, list)) and len(p) == 2 and all(isinstance(x, str) for x in p):
@@ -114,15 +118,15 @@ class PoolingEngine:
                 ids = [int(t) for t in p] if all(isinstance(t, (int, np.integer)) and not isinstance(t, bool)
                                                  for t in p) else None
                 if ids is None:
-                    raise InvalidRequestError("token ids must be integers", "prompt")
+                    raise _invalid("token ids must be integers", "prompt")
                 if truncate is not None:
                     ids = ids[-(self.max_model_len if truncate == -1 else truncate):]
                 out[i] = (ids, None)
             else:
-                raise InvalidRequestError(f"a prompt must be text, token ids or a (text, text) pair, "
+                raise _invalid(f"a prompt must be text, token ids or a (text, text) pair, "
                                           f"got {type(p).__name__}", "prompt")
         if (texts or pairs) and self.tokenizer is None:
-            raise InvalidRequestError("text prompts need a tokenizer (skip_tokenizer_init=True): pass token ids",
+            raise _invalid("text prompts need a tokenizer (skip_tokenizer_init=True): pass token ids",
                                       "prompt")
         kw: dict[str, Any] = {}
         if truncate is not None:
@@ -143,14 +147,14 @@ class PoolingEngine:
                      task: str) -> PoolingRequest:
         ids, types = tokens
         if not ids:
-            raise InvalidRequestError("the prompt is empty (0 tokens)", "input")
+            raise _invalid("the prompt is empty (0 tokens)", "input")
         if len(ids) > self.max_model_len:
-            raise InvalidRequestError(
+            raise _invalid(
                 f"the prompt has {len(ids)} tokens, more than max_model_len={self.max_model_len}: shorten it or set "
                 "truncate_prompt_tokens", "input")
         lo, hi = min(ids), max(ids)
         if lo < 0 or hi >= self.vocab_size:
-            raise InvalidRequestError(f"token id {lo if lo < 0 else hi} is out of the vocabulary "
+            raise _invalid(f"token id {lo if lo < 0 else hi} is out of the vocabulary "
                                       f"[0, {self.vocab_size})", "input")
         return PoolingRequest(request_id, ids, types, params, task)
 
