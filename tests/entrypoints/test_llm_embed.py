@@ -158,3 +158,25 @@ def test_decoders_embed_with_last_token_pooling(tmp_path, family):
                 ref = ref / np.linalg.norm(ref)
             _close(out.outputs.embedding, ref)
     assert llm.llm_engine.spec.pooling_type == "LAST" and llm.llm_engine.runner.model.causal
+
+
+def test_runner_convert_and_task_flags(tmp_path, st_models):
+    """--runner generate on an encoder is refused; a *ForCausalLM checkpoint embeds under
+    --task embed or --convert embed (its LM head left unread), as its base model's last token."""
+    from jaxlm import LLM
+
+    with pytest.raises(ValueError, match="is a pooling model.*--runner pooling"):
+        LLM(st_models["bert", "mean"], runner="generate", **KW)
+    path = make_tiny_decoder_pooler(tmp_path / "causal", "qwen3", head="causal")
+    base = transformers.AutoModelForCausalLM.from_pretrained(path).eval().model
+    tok = transformers.AutoTokenizer.from_pretrained(path)
+    with torch.no_grad():
+        ref = base(**tok("hello world", return_tensors="pt")).last_hidden_state[0, -1].numpy()
+    ref = ref / np.linalg.norm(ref)
+    for flags in (dict(task="embed"), dict(convert="embed")):
+        llm = LLM(path, **flags, **KW)
+        _close(llm.embed("hello world")[0].outputs.embedding, ref)
+    with pytest.raises(ValueError, match="needs a pooling model"):
+        llm_gen = object.__new__(LLM)
+        llm_gen.llm_engine = None
+        llm_gen.embed("x")

@@ -115,13 +115,14 @@ _DECODER_COMMON = dict(vocab_size=320, hidden_size=64, intermediate_size=128, nu
 
 def make_tiny_decoder_pooler(path: str | os.PathLike, family: str = "qwen3", *, head: str = "embed",
                              num_labels: int = 1, seed: int = 0) -> str:
-    """A decoder saved as ``*Model`` (head="embed") or ``*ForSequenceClassification`` (head="classify"),
-    with the byte tokenizer."""
+    """A decoder saved as ``*Model`` (head="embed"), ``*ForSequenceClassification`` (head="classify")
+    or ``*ForCausalLM`` (head="causal"), with the byte tokenizer."""
     path = str(path)
     cfg_cls, extra = _DECODERS[family]
     config = cfg_cls(**_DECODER_COMMON, **extra, num_labels=num_labels)
     torch.manual_seed(seed)
-    auto = transformers.AutoModel if head == "embed" else transformers.AutoModelForSequenceClassification
+    auto = {"embed": transformers.AutoModel, "classify": transformers.AutoModelForSequenceClassification,
+            "causal": transformers.AutoModelForCausalLM}[head]
     model = auto.from_config(config).float().eval()
     _randomize(model)
     model.save_pretrained(path, safe_serialization=True)
