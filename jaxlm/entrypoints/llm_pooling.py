@@ -79,12 +79,18 @@ def score_pairs(engine: Any, pairs: list[tuple[Any, Any]], params: PoolingParams
         outs = engine.encode(pairs, params, "score")
         return [ScoringRequestOutput.from_base(o) for o in outs]
     engine.check_task("score")
-    texts = [t for pair in pairs for t in pair]
-    embeds = engine.encode(texts, params, "embed")
-    scores = cosine_scores([e.outputs.data for e in embeds[0::2]], [e.outputs.data for e in embeds[1::2]])
+    flat = [t for pair in pairs for t in pair]
+    # Each distinct text embedded once (a query against N documents: once, not N times).
+    keys = [t if isinstance(t, str) else i for i, t in enumerate(flat)]
+    first_of = {k: i for i, k in reversed(list(enumerate(keys)))}
+    unique = sorted(set(first_of.values()))
+    embeds = dict(zip(unique, engine.encode([flat[i] for i in unique], params, "embed")))
+    outs = [embeds[first_of[k]] for k in keys]
+    firsts, seconds = outs[0::2], outs[1::2]
+    scores = cosine_scores([e.outputs.data for e in firsts], [e.outputs.data for e in seconds])
     return [ScoringRequestOutput.from_base(PoolingRequestOutput(
-        a.request_id, PoolingOutput(np.asarray([s], np.float32)), a.prompt_token_ids + b.prompt_token_ids))
-        for a, b, s in zip(embeds[0::2], embeds[1::2], scores)]
+        str(i), PoolingOutput(np.asarray([s], np.float32)), a.prompt_token_ids + b.prompt_token_ids))
+        for i, (a, b, s) in enumerate(zip(firsts, seconds, scores))]
 
 
 def _with_truncation(params: Any, truncate: int | None) -> Any:

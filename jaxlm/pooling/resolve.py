@@ -119,7 +119,6 @@ class PoolerSpec:
     dimensions: int | None  # --pooler-config's default Matryoshka size
     num_labels: int | None  # None: an embedding model (no head)
     hidden_size: int
-    is_matryoshka: bool  # the config says the model was trained for truncated dimensions
 
     @property
     def has_head(self) -> bool:
@@ -151,7 +150,6 @@ def resolve_pooler_spec(pooling: PoolingConfig, hf_config: Any, model_path: str 
     dims = override.get("dimensions")
     if dims is not None and not (isinstance(dims, int) and 1 <= dims <= hidden_size):
         raise ValueError(f"pooler_config: dimensions {dims!r} must be an integer in 1..{hidden_size}")
-    matryoshka = bool(getattr(hf_config, "is_matryoshka", False) or getattr(hf_config, "matryoshka_dimensions", None))
     return PoolerSpec(pooling_type=pooling_type, normalize=normalize,
                       activation=bool(override.get("activation", True)), dimensions=dims,
-                      num_labels=num_labels, hidden_size=hidden_size, is_matryoshka=matryoshka)
+                      num_labels=num_labels, hidden_size=hidden_size)

@@ -43,19 +43,24 @@ class PoolingRequest(EmbeddingRequest):
     """/pooling: the model's raw pooled output (vLLM's ``encode``)."""
 
 
+class _ListResponse(OpenAIBaseModel):
+    """What the list-shaped pooling responses share (their ids' prefixes and data differ)."""
+
+    object: str = "list"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    usage: UsageInfo
+
+
 class EmbeddingResponseData(OpenAIBaseModel):
     index: int
     object: str = "embedding"
     embedding: list[float] | str
 
 
-class EmbeddingResponse(OpenAIBaseModel):
+class EmbeddingResponse(_ListResponse):
     id: str = Field(default_factory=lambda: f"embd-{random_uuid()}")
-    object: str = "list"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
     data: list[EmbeddingResponseData]
-    usage: UsageInfo
 
 
 class PoolingResponseData(OpenAIBaseModel):
@@ -64,13 +69,9 @@ class PoolingResponseData(OpenAIBaseModel):
     data: Any
 
 
-class PoolingResponse(OpenAIBaseModel):
+class PoolingResponse(_ListResponse):
     id: str = Field(default_factory=lambda: f"pool-{random_uuid()}")
-    object: str = "list"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
     data: list[PoolingResponseData]
-    usage: UsageInfo
 
 
 class ClassificationRequest(_PoolingRequestBase):
@@ -88,13 +89,9 @@ class ClassificationData(OpenAIBaseModel):
     num_classes: int
 
 
-class ClassificationResponse(OpenAIBaseModel):
+class ClassificationResponse(_ListResponse):
     id: str = Field(default_factory=lambda: f"classify-{random_uuid()}")
-    object: str = "list"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
     data: list[ClassificationData]
-    usage: UsageInfo
 
 
 class ScoreRequest(_PoolingRequestBase):
@@ -114,13 +111,9 @@ class ScoreResponseData(OpenAIBaseModel):
     score: float
 
 
-class ScoreResponse(OpenAIBaseModel):
+class ScoreResponse(_ListResponse):
     id: str = Field(default_factory=lambda: f"score-{random_uuid()}")
-    object: str = "list"
-    created: int = Field(default_factory=lambda: int(time.time()))
-    model: str
     data: list[ScoreResponseData]
-    usage: UsageInfo
 
 
 class RerankDocumentIn(OpenAIBaseModel):

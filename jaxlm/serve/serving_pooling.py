@@ -34,6 +34,12 @@ def normalize_input(value: Any, param: str = "input") -> list[Any]:
     return items
 
 
+def _encoded(data: Any, encoding_format: str) -> Any:
+    """float: nested lists; base64: the float32 bytes (little-endian), as OpenAI's API."""
+    arr = np.asarray(data, np.float32)
+    return base64.b64encode(arr.tobytes()).decode("ascii") if encoding_format == "base64" else arr.tolist()
+
+
 class OpenAIServingPooling:
     def __init__(self, engine: Any, models: Any, metrics: Any):
         self.engine = engine  # an AsyncPoolingEngine
@@ -64,23 +70,15 @@ class OpenAIServingPooling:
     async def create_embedding(self, request: EmbeddingRequest) -> EmbeddingResponse:
         model = self._run_checks(request.model)
         outs = await self._encode(normalize_input(request.input), request.to_pooling_params(), "embed")
-        data = []
-        for i, o in enumerate(outs):
-            vec = np.asarray(o.outputs.data, np.float32)
-            emb: Any = (base64.b64encode(vec.tobytes()).decode("ascii") if request.encoding_format == "base64"
-                        else vec.tolist())
-            data.append(EmbeddingResponseData(index=i, embedding=emb))
+        data = [EmbeddingResponseData(index=i, embedding=_encoded(o.outputs.data, request.encoding_format))
+                for i, o in enumerate(outs)]
         return EmbeddingResponse(model=model, data=data, usage=self._usage(outs))
 
     async def create_pooling(self, request: PoolingRequest) -> PoolingResponse:
         model = self._run_checks(request.model)
         outs = await self._encode(normalize_input(request.input), request.to_pooling_params(), "encode")
-        data = []
-        for i, o in enumerate(outs):
-            arr = np.asarray(o.outputs.data, np.float32)
-            value: Any = (base64.b64encode(arr.tobytes()).decode("ascii") if request.encoding_format == "base64"
-                          else arr.tolist())
-            data.append(PoolingResponseData(index=i, data=value))
+        data = [PoolingResponseData(index=i, data=_encoded(o.outputs.data, request.encoding_format))
+                for i, o in enumerate(outs)]
         return PoolingResponse(model=model, data=data, usage=self._usage(outs))
 
     async def create_classify(self, request: ClassificationRequest) -> ClassificationResponse:
