@@ -136,7 +136,7 @@ def bench_rerank(ce: str, args: argparse.Namespace) -> None:
 
     times = _median_rounds({"jaxlm LLM.score": run_ours, "CrossEncoder.predict": run_theirs}, args.rounds)
     _report(f"rerank {args.queries} queries x 100 documents (16-100 tokens), cross-encoder of that shape", times,
-            "jaxlm LLM.score", "CrossEncoder.predict", args.queries, "queries")
+            "jaxlm LLM.score", "CrossEncoder.predict", args.queries * 100, "pairs")
 
 
 def bench_server(emb: str, args: argparse.Namespace) -> None:
