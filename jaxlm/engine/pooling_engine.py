@@ -21,6 +21,7 @@ from jaxlm.config import EngineConfig
 from jaxlm.core.pooling_scheduler import PoolingBuckets, PoolingRequest, PoolingScheduler, default_seq_buckets
 from jaxlm.engine.input_processor import InvalidRequestError
 from jaxlm.model_loader import get_tokenizer, resolve_model_config
+from jaxlm.model_loader.loader import get_model_class
 from jaxlm.outputs_pooling import PoolingOutput, PoolingRequestOutput
 from jaxlm.pooling.postprocess import finish_output
 from jaxlm.pooling.resolve import PoolerSpec, pooling_architecture, resolve_pooler_spec, use_pooling_runner
@@ -55,6 +56,12 @@ class PoolingEngine:
         hf_config = copy.deepcopy(mc.hf_config)
         hf_config.architectures = [arch]
         mc.hf_config = hf_config
+        model_cls = get_model_class(mc)
+        limit = model_cls.max_prompt_len(hf_config) if hasattr(model_cls, "max_prompt_len") else None
+        if limit is not None and mc.max_model_len > limit:
+            logger.info("max_model_len %d -> %d: the model's position table holds %d prompt positions",
+                        mc.max_model_len, limit, limit)
+            mc.max_model_len = limit
         config.scheduler_config.max_model_len = mc.max_model_len
         self.model_config = mc
         self.tokenizer = None if mc.skip_tokenizer_init else get_tokenizer(mc)

@@ -189,6 +189,12 @@ class BertModel(CausalLMBase):
     _ignored_suffixes = ("position_ids", "rotary_emb.inv_freq")
 
     @classmethod
+    def max_prompt_len(cls, config: Any) -> int:
+        """Positions the embedding table holds for prompts (XLM-R's start after its padding index)."""
+        args = cls.make_args(config)
+        return args.max_positions - args.position_offset
+
+    @classmethod
     def make_args(cls, config: Any) -> BertArgs:
         offset = int(config.pad_token_id) + 1 if cls._position_offset_from_pad else 0
         return BertArgs.from_hf_config(config, offset)

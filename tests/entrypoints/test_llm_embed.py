@@ -180,3 +180,20 @@ def test_runner_convert_and_task_flags(tmp_path, st_models):
         llm_gen = object.__new__(LLM)
         llm_gen.llm_engine = None
         llm_gen.embed("x")
+
+
+def test_xlmr_context_stops_at_its_position_table(st_models):
+    """XLM-R's positions start after the padding index: a 130-row table holds 128 prompt
+    positions, so max_model_len defaults to 128 (not 130) and the 128th token still matches."""
+    from sentence_transformers import SentenceTransformer
+    from jaxlm import LLM
+
+    path = st_models["xlmr", "mean"]
+    llm = LLM(path, runner="pooling", max_num_batched_tokens=128, max_num_seqs=4)
+    assert llm.llm_engine.max_model_len == 128
+    text = " ".join(["cat"] * 126)  # [CLS] + 126 + [SEP] = 128 tokens
+    out = llm.embed(text)[0]
+    assert len(out.prompt_token_ids) == 128
+    _close(out.outputs.embedding, SentenceTransformer(path, device="cpu").encode([text], normalize_embeddings=True)[0])
+    with pytest.raises(ValueError, match="more than max_model_len=128"):
+        llm.embed(text + " cat")
