@@ -5,6 +5,10 @@ from importlib import metadata as _metadata
 from jaxlm.engine.arg_utils import EngineArgs  # light: the configs only
 from jaxlm.lora.request import LoRARequest
 from jaxlm.outputs import CompletionOutput, Logprob, RequestOutput
+from jaxlm.outputs_pooling import (
+    ClassificationOutput, ClassificationRequestOutput, EmbeddingOutput, EmbeddingRequestOutput, PoolingOutput,
+    PoolingRequestOutput, ScoringOutput, ScoringRequestOutput)
+from jaxlm.pooling_params import PoolingParams
 from jaxlm.sampling_params import BeamSearchParams, RequestOutputKind, SamplingParams
 
 try:  # the one version: pyproject.toml's, through the installed package's metadata
@@ -13,7 +17,9 @@ except _metadata.PackageNotFoundError:  # a source tree that was never installed
     __version__ = "0+unknown"
 
 __all__ = ["LLM", "SamplingParams", "BeamSearchParams", "RequestOutput", "CompletionOutput", "Logprob",
-           "RequestOutputKind", "EngineArgs", "LLMEngine", "LoRARequest", "__version__"]
+           "RequestOutputKind", "EngineArgs", "LLMEngine", "LoRARequest", "__version__", "PoolingParams",
+           "PoolingOutput", "PoolingRequestOutput", "EmbeddingOutput", "EmbeddingRequestOutput",
+           "ClassificationOutput", "ClassificationRequestOutput", "ScoringOutput", "ScoringRequestOutput"]
 
 
 def __getattr__(name: str):

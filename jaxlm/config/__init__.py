@@ -15,6 +15,7 @@ from jaxlm.config.lora import LoRAConfig
 from jaxlm.config.model import ModelConfig
 from jaxlm.config.observability import ObservabilityConfig
 from jaxlm.config.parallel import ParallelConfig
+from jaxlm.config.pooling import PoolingConfig
 from jaxlm.config.scheduler import SchedulerConfig
 from jaxlm.config.speculative import SpeculativeConfig
 from jaxlm.config.utils import (
@@ -23,7 +24,7 @@ from jaxlm.config.utils import (
 
 __all__ = [
     "ARG_CONFIGS", "ATTENTION_BACKENDS", "CacheConfig", "CompilationConfig", "DTYPES", "DTYPE_ALIASES",
-    "EngineConfig", "LOAD_FORMATS", "LoRAConfig", "LoadConfig", "ModelConfig", "ObservabilityConfig", "ParallelConfig",
+    "EngineConfig", "LOAD_FORMATS", "LoRAConfig", "LoadConfig", "ModelConfig", "ObservabilityConfig", "ParallelConfig", "PoolingConfig",
     "SchedulerConfig", "SpeculativeConfig", "arg", "arg_fields", "human_readable_int", "jaxlm_cache_root",
     "parse_bytes", "parse_int_list", "parse_json_list", "parse_json_object", "parse_token_buckets",
 ]

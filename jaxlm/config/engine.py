@@ -11,6 +11,7 @@ from jaxlm.config.lora import LoRAConfig
 from jaxlm.config.model import ModelConfig
 from jaxlm.config.observability import ObservabilityConfig
 from jaxlm.config.parallel import ParallelConfig
+from jaxlm.config.pooling import PoolingConfig
 from jaxlm.config.scheduler import SchedulerConfig
 from jaxlm.config.speculative import SpeculativeConfig
 from jaxlm.config.utils import ATTENTION_BACKENDS, arg, parse_json_object
@@ -31,6 +32,7 @@ class EngineConfig:
                                  choices=ATTENTION_BACKENDS)
     observability_config: ObservabilityConfig = dataclasses.field(default_factory=ObservabilityConfig)
     lora_config: LoRAConfig = dataclasses.field(default_factory=LoRAConfig)
+    pooling_config: PoolingConfig = dataclasses.field(default_factory=PoolingConfig)
     speculative_config: SpeculativeConfig | None = arg(
         None, "speculative decoding, vLLM's JSON object, e.g. '{\"method\": \"ngram\", "
               "\"num_speculative_tokens\": 4}' (methods ngram, draft_model)", parse=parse_json_object)
@@ -43,7 +45,8 @@ class EngineConfig:
 
 # Every config that holds engine arguments, in --help order (one argument group each).
 ARG_CONFIGS: tuple[type, ...] = (ModelConfig, LoadConfig, CacheConfig, SchedulerConfig, ParallelConfig,
-                                 CompilationConfig, LoRAConfig, ObservabilityConfig, EngineConfig)
+                                 CompilationConfig, LoRAConfig, ObservabilityConfig, PoolingConfig,
+                                 EngineConfig)
 
 
 def arg_fields(config_cls: type) -> list[dataclasses.Field]:

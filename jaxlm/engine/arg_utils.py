@@ -22,6 +22,7 @@ from jaxlm.config import (
     ModelConfig,
     ObservabilityConfig,
     ParallelConfig,
+    PoolingConfig,
     SchedulerConfig,
     arg_fields,
 )
@@ -106,6 +107,7 @@ class _EngineArgsMethods:
             compilation_config=self._build(CompilationConfig),
             observability_config=self._build(ObservabilityConfig),
             lora_config=self._build(LoRAConfig),
+            pooling_config=self._build(PoolingConfig),
         )
 
 

@@ -12,6 +12,7 @@ from jaxlm.beam_search import BeamSearch, BeamSearchOutput, run_beam_search
 from jaxlm.config.model import load_chat_template
 from jaxlm.engine.arg_utils import EngineArgs
 from jaxlm.entrypoints.chat_utils import apply_chat_template, parse_chat_messages
+from jaxlm.entrypoints.llm_pooling import PoolingMethods
 from jaxlm.engine.input_processor import PromptType
 from jaxlm.engine.llm_engine import LLMEngine
 from jaxlm.lora.request import LoRARequest
@@ -46,13 +47,25 @@ def _engine_args(model: str | None, kwargs: dict[str, Any]) -> EngineArgs:
     return EngineArgs(model=model, **kwargs)
 
 
-class LLM:
-    """An offline engine. `model=None` serves the embedded default (SmolLM2-135M-Instruct)."""
+def make_engine(engine_args: EngineArgs) -> Any:
+    """An LLMEngine, or a PoolingEngine when the flags or the architecture ask for pooling."""
+    from jaxlm.engine.pooling_engine import PoolingEngine, wants_pooling_runner
+
+    config = engine_args.create_engine_config()
+    if wants_pooling_runner(config):
+        return PoolingEngine(config)
+    return LLMEngine(config)
+
+
+class LLM(PoolingMethods):
+    """An offline engine. `model=None` serves the embedded default (SmolLM2-135M-Instruct).
+    Embedding, classification and cross-encoder models (``runner="pooling"``, or chosen by their
+    architecture) run on the pooling runner: embed(), classify(), score(), encode(), reward()."""
 
     def __init__(self, model: str | None = None, **kwargs: Any):
         """``kwargs``: any EngineArgs field (tokenizer=, dtype=, max_model_len=, trust_remote_code=,
         revision=, max_logprobs=, ...), as vLLM's LLM takes them."""
-        self.llm_engine = LLMEngine.from_engine_args(_engine_args(model, kwargs))
+        self.llm_engine = make_engine(_engine_args(model, kwargs))
         self._request_counter = itertools.count()
 
     def get_tokenizer(self) -> Any:
@@ -85,6 +98,7 @@ class LLM:
         """Run every prompt to completion; outputs come back in input order. priority: one per
         prompt, lower first (needs scheduling_policy="priority" unless all are 0). lora_request: the
         adapter for every prompt, or one per prompt (None: the base model; needs enable_lora=True)."""
+        self._require_generate("generate")
         if isinstance(prompts, (str, dict)) or (
                 isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
@@ -144,6 +158,7 @@ class LLM:
         then generate. tools (OpenAI's {"type": "function", "function": {...}} dicts) reach the
         template as ``tools``; to force a call, constrain the output
         (SamplingParams(structured_outputs=...))."""
+        self._require_generate("chat")
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         tokenizer = self.get_tokenizer()
         if tokenizer is None:

@@ -137,6 +137,8 @@ class CausalLMBase(nnx.Module):
 
     # HF names that are buffers, not weights (matched as suffixes of the canonical name).
     _ignored_suffixes: tuple[str, ...] = ("rotary_emb.inv_freq",)
+    # False: a pooling model (models/pooling_adapters.py, bert.py), whose output is hidden states.
+    has_lm_head: bool = True
 
     def __init__(
         self, config: Any, *, dtype: jnp.dtype, attn_backend, rngs: nnx.Rngs, mesh: Mesh | None = None,
@@ -170,7 +172,7 @@ class CausalLMBase(nnx.Module):
         self.quant_config = quant_config
         if quant_config is not None:
             apply_quantization_config(self, quant_config, rngs)
-        if self.tie_word_embeddings:
+        if self.tie_word_embeddings or not self.has_lm_head:
             self.lm_head = None
         else:
             embed_dim = self.input_embedding().weight.get_value().shape[1]

@@ -32,6 +32,21 @@ _MODELS: dict[str, tuple[str, str]] = {
     "GPT2LMHeadModel": ("gpt2", "GPT2LMHeadModel"),
     # Gemma 3 4B and up are published as multimodal checkpoints: served for text, on their text_config.
     "Gemma3ForConditionalGeneration": ("gemma3", "Gemma3ForConditionalGeneration"),
+    # Pooling models (the pooling runner: embed, classify, score).
+    "BertModel": ("bert", "BertModel"),
+    "XLMRobertaModel": ("bert", "XLMRobertaModel"),
+    "RobertaModel": ("bert", "XLMRobertaModel"),
+    "BertForSequenceClassification": ("bert", "BertForSequenceClassification"),
+    "XLMRobertaForSequenceClassification": ("bert", "XLMRobertaForSequenceClassification"),
+    "RobertaForSequenceClassification": ("bert", "XLMRobertaForSequenceClassification"),
+    "LlamaModel": ("pooling_adapters", "LlamaModel"),
+    "MistralModel": ("pooling_adapters", "MistralModel"),
+    "Qwen2Model": ("pooling_adapters", "Qwen2Model"),
+    "Qwen3Model": ("pooling_adapters", "Qwen3Model"),
+    "LlamaForSequenceClassification": ("pooling_adapters", "LlamaForSequenceClassification"),
+    "MistralForSequenceClassification": ("pooling_adapters", "MistralForSequenceClassification"),
+    "Qwen2ForSequenceClassification": ("pooling_adapters", "Qwen2ForSequenceClassification"),
+    "Qwen3ForSequenceClassification": ("pooling_adapters", "Qwen3ForSequenceClassification"),
 }
 # Multimodal architectures whose language model jaxlm runs alone (no image inputs).
 _TEXT_OF_MULTIMODAL = frozenset({"Gemma3ForConditionalGeneration"})

@@ -30,6 +30,7 @@ from jaxlm.serve.routes.lora import router as lora_router
 from jaxlm.serve.serving_models import ServingModels, runtime_lora_updating_allowed
 from jaxlm.serve.serving_chat import OpenAIServingChat
 from jaxlm.serve.serving_completion import OpenAIServingCompletion
+from jaxlm.serve.serving_pooling import GenerationRefused, OpenAIServingPooling
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +86,11 @@ def init_app_state(engine: AsyncLLMEngine, state: Any, args: argparse.Namespace)
     request_logger = _request_logger(args, engine.engine_config.observability_config)
     state.models = ServingModels(engine, names, model_config.model, max_model_len,
                                  getattr(args, "lora_modules", None))
+    state.serving_pooling = None
+    if getattr(engine, "is_pooling", False):  # the pooling runner: no generation endpoints
+        state.serving_pooling = OpenAIServingPooling(engine, state.models, state.metrics)
+        state.serving_completion = state.serving_chat = GenerationRefused(engine.engine.supported_tasks)
+        return
     state.serving_completion = OpenAIServingCompletion(engine, names, max_model_len, state.metrics, chat_template,
                                                        request_logger, state.models)
     state.serving_chat = OpenAIServingChat(engine, names, max_model_len, state.metrics, chat_template,
@@ -183,12 +189,28 @@ def _watch_engine(engine: AsyncLLMEngine, server: uvicorn.Server) -> None:
     timer.start()
 
 
+def make_async_engine(engine_args: EngineArgs, core_launcher: Any = None) -> Any:
+    """The server's engine: an AsyncPoolingEngine (in this process) when the flags or the
+    architecture ask for the pooling runner, else an AsyncLLMEngine (its engine core process)."""
+    from jaxlm.engine.pooling_engine import wants_pooling_runner
+
+    config = engine_args.create_engine_config()
+    if wants_pooling_runner(config):
+        from jaxlm.engine.async_pooling_engine import AsyncPoolingEngine
+        from jaxlm.engine.pooling_engine import PoolingEngine
+
+        if core_launcher is not None:
+            core_launcher.cancel()  # started early for a generating engine: not needed
+        return AsyncPoolingEngine(PoolingEngine(config))
+    return AsyncLLMEngine.from_engine_args(engine_args, core_launcher=core_launcher)
+
+
 def run_server(args: argparse.Namespace, engine: AsyncLLMEngine | None = None, core_launcher: Any = None) -> int:
     """Listens, loads the engine, serves until SIGTERM/SIGINT, drains and returns 0; returns 1
     when the engine died. core_launcher: the engine core's process, started early by the CLI."""
     sock = create_server_socket(args.host, args.port)
     if engine is None:
-        engine = AsyncLLMEngine.from_engine_args(EngineArgs.from_cli_args(args), core_launcher=core_launcher)
+        engine = make_async_engine(EngineArgs.from_cli_args(args), core_launcher)
     app = build_app(args)
     init_app_state(engine, app.state, args)
     server = build_server(app, args)

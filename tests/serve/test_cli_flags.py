@@ -107,6 +107,10 @@ FLAG_TESTS = {
     "--max-cpu-loras": "tests/lora/test_lora_llm.py::test_mixed_adapters_match_peft",
     "--lora-modules": "tests/serve/test_lora_server.py::test_models_list_adapters_with_parent",
     # EngineConfig
+    "--runner": "tests/entrypoints/test_llm_embed.py::test_runner_convert_and_task_flags",
+    "--convert": "tests/entrypoints/test_llm_embed.py::test_runner_convert_and_task_flags",
+    "--task": "tests/entrypoints/test_llm_embed.py::test_runner_convert_and_task_flags",
+    "--pooler-config": "tests/entrypoints/test_llm_embed.py::test_all_pooling_returns_every_tokens_hidden_state",
     "--attention-backend": "tests/attention/test_backend_e2e.py::test_pallas_equals_xla_and_decode_steps_run_the_decode_kernel",
     "--speculative-config": "tests/spec_decode/test_spec_server.py::test_completions_and_metrics",
 }
