@@ -57,10 +57,9 @@ def warm_up(runner: Any) -> None:
     logger.info("Compiled %d programs in %.1f s (%d from the program cache%s%s)", runner.num_programs - background,
                 runner.warmup_seconds, runner.programs_from_cache, ", loaded on use" * bool(runner.deferred_loads),
                 f"; {background} more compile in the background while serving" * bool(background))
-    if cache.from_jax_cache:  # cache.save() explains itself when nothing compiles them again
-        logger.info("%d programs came from JAX's compilation cache: XLA:CPU cannot serialize them again, so they %s",
-                    len(cache.from_jax_cache), "compile again in the background for the program cache"
-                    if runner.background is not None else "leave the program cache unwritten")
+    if cache.from_jax_cache and runner.background is not None:  # else cache.save() said it
+        logger.info("%d programs came from JAX's compilation cache: XLA:CPU cannot serialize them again, so they "
+                    "compile again in the background for the program cache", len(cache.from_jax_cache))
     if runner.background is not None:
         runner.background.start()
 

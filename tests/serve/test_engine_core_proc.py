@@ -52,6 +52,13 @@ def dp2(tiny_llama):
                                      "--enable-log-requests", "--uvicorn-log-level", "info"],
                         env={"JAXLM_LOG_STATS_INTERVAL": "0.2",  # were the stats line on, it would show
                              "JAXLM_TEST_FAULT": "slow"})
+    # Each core's programs written to (or found in) the program cache: a core whose programs came
+    # from JAX's cache compiles them again in the background first, which would share the CPU
+    # with the timed exit of the last test.
+    deadline = time.monotonic() + 600
+    while sum(srv.output().count(s) for s in ("program cache written", "compiled programs from")) < 2:
+        assert time.monotonic() < deadline and srv.proc.poll() is None, srv.log_tail()
+        time.sleep(0.2)
     yield srv
     srv.stop(signal.SIGKILL)
 
