@@ -17,6 +17,7 @@ from jaxlm.serve.protocol_pooling import (
     MAX_POOLING_INPUTS, ClassificationData, ClassificationRequest, ClassificationResponse, EmbeddingRequest,
     EmbeddingResponse, EmbeddingResponseData, PoolingRequest, PoolingResponse, PoolingResponseData, RerankDocument,
     RerankRequest, RerankResponse, RerankResult, RerankUsage, ScoreRequest, ScoreResponse, ScoreResponseData)
+from jaxlm.serve.serving_engine import OpenAIServing
 
 
 def normalize_input(value: Any, param: str = "input") -> list[Any]:
@@ -67,22 +68,25 @@ class OpenAIServingPooling:
         n = sum(len(o.prompt_token_ids) for o in outs)
         return UsageInfo(prompt_tokens=n, total_tokens=n)
 
-    async def create_embedding(self, request: EmbeddingRequest) -> EmbeddingResponse:
+    async def create_embedding(self, request: EmbeddingRequest, raw_request: Any = None) -> EmbeddingResponse:
         model = self._run_checks(request.model)
+        request_id = f"embd-{OpenAIServing._base_request_id(raw_request)}"
         outs = await self._encode(normalize_input(request.input), request.to_pooling_params(), "embed")
         data = [EmbeddingResponseData(index=i, embedding=_encoded(o.outputs.data, request.encoding_format))
                 for i, o in enumerate(outs)]
-        return EmbeddingResponse(model=model, data=data, usage=self._usage(outs))
+        return EmbeddingResponse(id=request_id, model=model, data=data, usage=self._usage(outs))
 
-    async def create_pooling(self, request: PoolingRequest) -> PoolingResponse:
+    async def create_pooling(self, request: PoolingRequest, raw_request: Any = None) -> PoolingResponse:
         model = self._run_checks(request.model)
+        request_id = f"pool-{OpenAIServing._base_request_id(raw_request)}"
         outs = await self._encode(normalize_input(request.input), request.to_pooling_params(), "encode")
         data = [PoolingResponseData(index=i, data=_encoded(o.outputs.data, request.encoding_format))
                 for i, o in enumerate(outs)]
-        return PoolingResponse(model=model, data=data, usage=self._usage(outs))
+        return PoolingResponse(id=request_id, model=model, data=data, usage=self._usage(outs))
 
-    async def create_classify(self, request: ClassificationRequest) -> ClassificationResponse:
+    async def create_classify(self, request: ClassificationRequest, raw_request: Any = None) -> ClassificationResponse:
         model = self._run_checks(request.model)
+        request_id = f"classify-{OpenAIServing._base_request_id(raw_request)}"
         outs = await self._encode(normalize_input(request.input), request.to_pooling_params(), "classify")
         labels = getattr(self.engine.engine.model_config.hf_config, "id2label", None) or {}
         data = []
@@ -90,7 +94,7 @@ class OpenAIServingPooling:
             probs = np.asarray(o.outputs.data, np.float32).reshape(-1)
             label = labels.get(int(np.argmax(probs)))
             data.append(ClassificationData(index=i, label=label, probs=probs.tolist(), num_classes=len(probs)))
-        return ClassificationResponse(model=model, data=data, usage=self._usage(outs))
+        return ClassificationResponse(id=request_id, model=model, data=data, usage=self._usage(outs))
 
     async def _score_pairs(self, left: Any, right: Any, params: Any) -> tuple[list[float], list[Any]]:
         try:
@@ -111,14 +115,16 @@ class OpenAIServingPooling:
         vec = {t: o.outputs.data for t, o in zip(texts, outs)}
         return cosine_scores([vec[a] for a, _ in pairs], [vec[b] for _, b in pairs]), outs
 
-    async def create_score(self, request: ScoreRequest) -> ScoreResponse:
+    async def create_score(self, request: ScoreRequest, raw_request: Any = None) -> ScoreResponse:
         model = self._run_checks(request.model)
+        request_id = f"score-{OpenAIServing._base_request_id(raw_request)}"
         scores, outs = await self._score_pairs(request.text_1, request.text_2, request.to_pooling_params())
         data = [ScoreResponseData(index=i, score=s) for i, s in enumerate(scores)]
-        return ScoreResponse(model=model, data=data, usage=self._usage(outs))
+        return ScoreResponse(id=request_id, model=model, data=data, usage=self._usage(outs))
 
-    async def create_rerank(self, request: RerankRequest) -> RerankResponse:
+    async def create_rerank(self, request: RerankRequest, raw_request: Any = None) -> RerankResponse:
         model = self._run_checks(request.model)
+        request_id = f"rerank-{OpenAIServing._base_request_id(raw_request)}"
         docs = request.document_texts()
         if not docs:
             raise OpenAIError("documents is empty", 400, "documents")
@@ -130,7 +136,7 @@ class OpenAIServingPooling:
         results = [RerankResult(index=i, relevance_score=scores[i],
                                 document=RerankDocument(text=docs[i]) if request.return_documents else None)
                    for i in order[:top_n]]
-        return RerankResponse(model=model, usage=RerankUsage(total_tokens=self._usage(outs).total_tokens),
+        return RerankResponse(id=request_id, model=model, usage=RerankUsage(total_tokens=self._usage(outs).total_tokens),
                               results=results)
 
 

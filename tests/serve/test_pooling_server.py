@@ -93,6 +93,17 @@ def test_input_shapes_token_ids_and_pooling_endpoint(embed_server):
     assert len(pooled["data"][0]["data"]) == 32 and abs(np.linalg.norm(pooled["data"][0]["data"]) - 1) > 1e-3
 
 
+def test_x_request_id_names_pooling_responses(embed_server):
+    """vLLM's _base_request_id on the pooling routes too (issue 43); the header is bounded."""
+    r = httpx.post(embed_server.base + "/v1/embeddings", json={"input": "hello"}, headers={"X-Request-Id": "gw-7"})
+    assert r.status_code == 200 and r.json()["id"] == "embd-gw-7"
+    r = httpx.post(embed_server.base + "/pooling", json={"input": ["hello"]}, headers={"X-Request-Id": "gw-8"})
+    assert r.json()["id"] == "pool-gw-8"
+    assert httpx.post(embed_server.base + "/v1/embeddings", json={"input": "hello"}).json()["id"].startswith("embd-")
+    long = httpx.post(embed_server.base + "/v1/embeddings", json={"input": "hello"}, headers={"X-Request-Id": "x" * 257})
+    assert long.status_code == 400 and "X-Request-Id" in long.json()["error"]["message"]
+
+
 def test_embedding_model_scores_by_cosine(embed_server, embed_model):
     r = httpx.post(embed_server.base + "/score", json={"text_1": QUERY, "text_2": DOCS}).json()
     st = _st(embed_model)

@@ -27,26 +27,26 @@ def _serving(raw: Request, endpoint: str) -> OpenAIServingPooling:
 @router.post("/v1/embeddings")
 async def embeddings(request: EmbeddingRequest, raw: Request) -> Response:
     serving = _serving(raw, "/v1/embeddings")
-    return respond(await until_disconnected(raw, serving.create_embedding(request)))
+    return respond(await until_disconnected(raw, serving.create_embedding(request, raw)))
 
 
 @router.post("/pooling")
 async def pooling(request: PoolingRequest, raw: Request) -> Response:
     serving = _serving(raw, "/pooling")
-    return respond(await until_disconnected(raw, serving.create_pooling(request)))
+    return respond(await until_disconnected(raw, serving.create_pooling(request, raw)))
 
 
 @router.post("/classify")
 async def classify(request: ClassificationRequest, raw: Request) -> Response:
     serving = _serving(raw, "/classify")
-    return respond(await until_disconnected(raw, serving.create_classify(request)))
+    return respond(await until_disconnected(raw, serving.create_classify(request, raw)))
 
 
 @router.post("/score")
 @router.post("/v1/score")
 async def score(request: ScoreRequest, raw: Request) -> Response:
     serving = _serving(raw, "/score")
-    return respond(await until_disconnected(raw, serving.create_score(request)))
+    return respond(await until_disconnected(raw, serving.create_score(request, raw)))
 
 
 @router.post("/rerank")
@@ -54,4 +54,4 @@ async def score(request: ScoreRequest, raw: Request) -> Response:
 @router.post("/v2/rerank")
 async def rerank(request: RerankRequest, raw: Request) -> Response:
     serving = _serving(raw, "/rerank")
-    return respond(await until_disconnected(raw, serving.create_rerank(request)))
+    return respond(await until_disconnected(raw, serving.create_rerank(request, raw)))
