@@ -33,6 +33,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from jaxlm.attention.kv_quant import KVQuant, fold_scales
 from jaxlm.attention.metadata import AttentionMetadata
 from jaxlm.attention.xla_backend import paged_attention_xla, write_kv
 from kernels_pallas.paged_decode import paged_decode_attention
@@ -120,6 +121,8 @@ class PallasBackend:
 
     interpret: bool = False
     name: str = "pallas"
+    # fp8 cache settings the model's attention layers read (None: a float cache).
+    kv_quant: KVQuant | None = None
 
     def constraints(self, block_size: int, head_dim: int) -> PallasConstraints:
         return PallasConstraints.for_cache(block_size, head_dim)
@@ -136,6 +139,8 @@ class PallasBackend:
         sliding_window: int | None = None,
         logits_soft_cap: float | None = None,
         max_query_len: int | None = None,
+        k_scale: jax.Array | None = None,
+        v_scale: jax.Array | None = None,
     ) -> tuple[jax.Array, jax.Array]:
         T, Hq, D = q.shape
         _, _, bs, Hkv, _ = kv_cache.shape
@@ -145,8 +150,10 @@ class PallasBackend:
                            "kernels (powers of 2 needed); using the XLA reference", D, bs)
             return paged_attention_xla(q, k, v, kv_cache, md, scale=scale,
                                        sliding_window=sliding_window,
-                                       logits_soft_cap=logits_soft_cap)
-        kv_cache = write_kv(kv_cache, k, v, md.slot_mapping)
+                                       logits_soft_cap=logits_soft_cap, k_scale=k_scale, v_scale=v_scale)
+        kv_cache = write_kv(kv_cache, k, v, md.slot_mapping, k_scale, v_scale)
+        # An fp8 cache: the kernels read raw values; K's scale rides on q, V's on the output.
+        q, out_scale = fold_scales(q, k_scale, v_scale)
         if max_query_len is None:
             max_query_len = md.max_query_len
         scale = float(scale)
@@ -169,7 +176,27 @@ class PallasBackend:
                 num_splits=c.num_splits(tiles, Hkv, md.block_tables.shape[1],
                                         c.prefill_pages_per_block),
                 interpret=self.interpret)
+        if out_scale is not None:
+            out = (out.astype(jnp.float32) * out_scale).astype(out.dtype)
         return out, kv_cache
+
+    def fp8_unsupported(self) -> str | None:
+        """Why the kernels cannot read an fp8 cache on this device (None: they can). Triton
+        converts fp8 on NVIDIA compute capability 8.9+ (Ada, Hopper) only."""
+        if self.interpret:
+            return None
+        return fp8_capability_problem(getattr(jax.devices()[0], "compute_capability", None))
+
+
+def fp8_capability_problem(compute_capability: str | None) -> str | None:
+    """None when a GPU of this compute capability ("8.9", "9.0") converts fp8 in Triton."""
+    try:
+        major, minor = (int(x) for x in str(compute_capability).split(".")[:2])
+    except ValueError:
+        return f"unknown GPU compute capability {compute_capability!r}"
+    if (major, minor) < (8, 9):
+        return f"GPU compute capability {major}.{minor} < 8.9 has no fp8 conversion in Triton"
+    return None
 
 
 def make_pallas_backend() -> PallasBackend:
