@@ -14,7 +14,7 @@
 //   positions, token_rows [T] i32; block_tables [R, P] i32; num_decode [] i32
 //   out_in [T, Hkv, G, D] f32: rows >= num_decode are kept (aliased to the result)
 // Attributes: window (keys j > position - window visible; 0 = no window), cap (soft cap of the
-// scores, cap * tanh(s / cap); 0 = none).
+// scores, cap * tanh(s / cap); 0 = none), fp8 (a uint8 cache's format: 1 e4m3fn, 2 e5m2).
 // Garbage safety, as the XLA path: block-table entries and rows are clamped into range, a
 // position past the table reads at most the table's keys.
 
@@ -32,6 +32,9 @@
 
 #if defined(__SSE__)
 #include <xmmintrin.h>
+#endif
+#if defined(__F16C__) && defined(__AVX2__)
+#include <immintrin.h>
 #endif
 
 namespace ffi = xla::ffi;
@@ -84,6 +87,32 @@ inline float to_f32(E5M2 x) {
 template <typename KV>
 constexpr bool kIsFp8 = std::is_same_v<KV, E4M3> || std::is_same_v<KV, E5M2>;
 
+// A row of D fp8 values as floats. With F16C, 8 at a time through half precision: e5m2 is the
+// high byte of an f16; e4m3fn's 7 value bits placed under an f16's exponent give the value times
+// 2^-8 (subnormals included: vcvtph2ps converts f16 subnormals exactly, whatever DAZ says),
+// and its one NaN code (S.1111.111) is put back by a compare.
+template <typename KV>
+inline void convert_row(const KV* src, float* dst, int64_t D) {
+  int64_t d = 0;
+#if defined(__F16C__) && defined(__AVX2__)
+  const uint8_t* bytes = reinterpret_cast<const uint8_t*>(src);
+  for (; d + 8 <= D; d += 8) {
+    const __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes + d)));
+    if constexpr (std::is_same_v<KV, E5M2>) {
+      _mm256_storeu_ps(dst + d, _mm256_cvtph_ps(_mm_slli_epi16(w, 8)));
+    } else {
+      const __m128i em = _mm_and_si128(w, _mm_set1_epi16(0x7f));
+      const __m128i sign = _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8);
+      __m256 f = _mm256_mul_ps(_mm256_cvtph_ps(_mm_or_si128(sign, _mm_slli_epi16(em, 7))), _mm256_set1_ps(256.0f));
+      const __m256i nan = _mm256_cvtepi16_epi32(_mm_cmpeq_epi16(em, _mm_set1_epi16(0x7f)));
+      f = _mm256_blendv_ps(f, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)), _mm256_castsi256_ps(nan));
+      _mm256_storeu_ps(dst + d, f);
+    }
+  }
+#endif
+  for (; d < D; ++d) dst[d] = to_f32(src[d]);
+}
+
 struct Shape {
   int64_t T, Hkv, G, D, NB, BS, R, P;
 };
@@ -125,10 +154,7 @@ inline void for_each_chunk(const Shape& s, const int32_t* table, const KV* base,
   const int64_t D = kD > 0 ? kD : s.D;
   int64_t count = 0, j0 = lo;
   for_each_key(s, table, base, lo, hi, [&](int64_t j, const KV* row) {
-    const KV* src = row + h * D;
-    float* dst = buf + count * D;
-#pragma omp simd
-    for (int64_t d = 0; d < D; ++d) dst[d] = to_f32(src[d]);
+    convert_row(row + h * D, buf + count * D, D);
     if (++count == kChunk) {
       f(j0, buf, count);
       count = 0;
@@ -359,7 +385,7 @@ ffi::Error PagedDecodeImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::A
                            ffi::Buffer<ffi::S32> positions, ffi::Buffer<ffi::S32> token_rows,
                            ffi::Buffer<ffi::S32> block_tables, ffi::Buffer<ffi::S32> num_decode,
                            ffi::Buffer<ffi::F32> out_in, ffi::Result<ffi::Buffer<ffi::F32>> out,
-                           int32_t window, float cap) {
+                           int32_t window, float cap, int32_t fp8) {
   auto qd = q.dimensions(), cd = cache.dimensions(), td = block_tables.dimensions();
   if (qd.size() != 4 || cd.size() != 5 || td.size() != 2 || cd[0] != 2 || cd[3] != qd[1] ||
       cd[4] != qd[3])
@@ -393,6 +419,16 @@ ffi::Error PagedDecodeImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::A
     case ffi::F8E5M2:
       attend_all<E5M2>(a, nd, pool);
       break;
+    case ffi::U8:  // fp8 kept as bytes (XLA:CPU scatters those in place): fp8 names the format
+      if (fp8 == 1) {
+        attend_all<E4M3>(a, nd, pool);
+        break;
+      }
+      if (fp8 == 2) {
+        attend_all<E5M2>(a, nd, pool);
+        break;
+      }
+      return ffi::Error::InvalidArgument("paged_decode: a uint8 cache needs fp8 = 1 (e4m3fn) or 2 (e5m2)");
     default:
       return ffi::Error::InvalidArgument(
           "paged_decode: the cache must be float32, bfloat16, float8_e4m3fn or float8_e5m2");
@@ -414,4 +450,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxlmPagedDecode, PagedDecodeImpl,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<int32_t>("window")
-                                  .Attr<float>("cap"));
+                                  .Attr<float>("cap")
+                                  .Attr<int32_t>("fp8"));

@@ -94,6 +94,51 @@ def to_cache(x: jax.Array, cache_dtype: Any, scale: jax.Array | float | None) ->
     return x.astype(cache_dtype)
 
 
+def storage_dtype(dtype: Any) -> Any:
+    """What the cache array holds: an fp8 cache is kept as its bytes (uint8). XLA:CPU has no fp8
+    scatter: on an fp8 array it converts the whole cache to f16 and back around each write (0.96 s
+    a layer at SmolLM2's batch 32 x 1,024 tokens), and a bitcast of the whole cache to bytes is a
+    copy there too; on bytes the scatter is in place. Readers view the bytes as ``cache_dtype``."""
+    return jnp.dtype(jnp.uint8) if is_fp8(dtype) else jnp.dtype(dtype)
+
+
+def cache_format(kv_cache: jax.Array, cache_dtype: Any = None) -> Any:
+    """The cache's element format: ``cache_dtype`` (given for byte storage), else its own dtype."""
+    return jnp.dtype(kv_cache.dtype if cache_dtype is None else cache_dtype)
+
+
+def _bytes(x: jax.Array) -> jax.Array:
+    return x if x.dtype == jnp.uint8 else jax.lax.bitcast_convert_type(x, jnp.uint8)
+
+
+def scatter_kv(kv_cache: jax.Array, which: int, index: tuple, x: jax.Array, scale: Any, cache_dtype: Any) -> jax.Array:
+    """``kv_cache[which][index] = x`` as the cache stores it (quantized for fp8; dropped out of range)."""
+    fmt = cache_format(kv_cache, cache_dtype)
+    stored = to_cache(x, fmt, scale)
+    if is_fp8(fmt):
+        if kv_cache.dtype == jnp.uint8:
+            return kv_cache.at[(which, *index)].set(_bytes(stored), mode="drop")
+        # An fp8-typed array (tests, direct callers): bytes, then back (a copy on XLA:CPU).
+        out = _bytes(kv_cache).at[(which, *index)].set(_bytes(stored), mode="drop")
+        return jax.lax.bitcast_convert_type(out, fmt)
+    return kv_cache.at[(which, *index)].set(stored, mode="drop")
+
+
+def read_pages(kv_cache: jax.Array, which: int, pages: jax.Array, cache_dtype: Any = None) -> jax.Array:
+    """K (which=0) or V (1) of ``pages`` as f32, raw (the scales are folded elsewhere); byte
+    storage is gathered as bytes and viewed as its fp8 format."""
+    x = kv_cache[which, pages]
+    if x.dtype == jnp.uint8:
+        x = jax.lax.bitcast_convert_type(x, cache_format(kv_cache, cache_dtype))
+    return x.astype(jnp.float32)
+
+
+def as_fp8_view(kv_cache: jax.Array, cache_dtype: Any = None) -> jax.Array:
+    """The cache typed as its format (byte storage bitcast to fp8) for a kernel that reads fp8."""
+    fmt = cache_format(kv_cache, cache_dtype)
+    return jax.lax.bitcast_convert_type(kv_cache, fmt) if kv_cache.dtype != fmt else kv_cache
+
+
 def dequantize(x: jax.Array, scale: jax.Array | float | None) -> jax.Array:
     """Cached values as f32 (the references' reading of an fp8 cache)."""
     x = x.astype(jnp.float32)
@@ -120,8 +165,9 @@ def add_kv_scales(module: nnx.Module, attn_backend: Any) -> None:
     module.v_scale = KVCacheScale(jnp.zeros((), jnp.float32))
 
 
-def kv_scale_args(module: nnx.Module, k: jax.Array, v: jax.Array, md: Any) -> dict[str, jax.Array]:
-    """The backend's ``k_scale`` / ``v_scale`` arguments for this step ({} for a float cache).
+def kv_scale_args(module: nnx.Module, k: jax.Array, v: jax.Array, md: Any) -> dict[str, Any]:
+    """The backend's ``k_scale`` / ``v_scale`` / ``cache_dtype`` arguments for this step ({} for a
+    float cache); ``cache_dtype``: the fp8 format of the cache's bytes.
 
     Under --calculate-kv-scales a scale still 0 is computed from this step's real tokens (slot
     >= 0) and stored back into the module, which the runner hands to the next step."""
@@ -135,7 +181,8 @@ def kv_scale_args(module: nnx.Module, k: jax.Array, v: jax.Array, md: Any) -> di
         module.k_scale.set_value(ks)
         module.v_scale.set_value(vs)
     # A step with no real token yet (scale still 0) writes nothing: any non-zero divisor will do.
-    return {"k_scale": jnp.where(ks > 0, ks, 1.0), "v_scale": jnp.where(vs > 0, vs, 1.0)}
+    return {"k_scale": jnp.where(ks > 0, ks, 1.0), "v_scale": jnp.where(vs > 0, vs, 1.0),
+            "cache_dtype": module.attn_backend.kv_quant.dtype}
 
 
 def _first_step_scale(scale: jax.Array, x: jax.Array, real: jax.Array, constant: float) -> jax.Array:

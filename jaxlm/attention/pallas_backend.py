@@ -33,7 +33,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from jaxlm.attention.kv_quant import KVQuant, fold_scales
+from jaxlm.attention.kv_quant import KVQuant, as_fp8_view, fold_scales
 from jaxlm.attention.metadata import AttentionMetadata
 from jaxlm.attention.xla_backend import paged_attention_xla, write_kv
 from kernels_pallas.paged_decode import paged_decode_attention
@@ -141,6 +141,7 @@ class PallasBackend:
         max_query_len: int | None = None,
         k_scale: jax.Array | None = None,
         v_scale: jax.Array | None = None,
+        cache_dtype=None,
     ) -> tuple[jax.Array, jax.Array]:
         T, Hq, D = q.shape
         _, _, bs, Hkv, _ = kv_cache.shape
@@ -150,10 +151,12 @@ class PallasBackend:
                            "kernels (powers of 2 needed); using the XLA reference", D, bs)
             return paged_attention_xla(q, k, v, kv_cache, md, scale=scale,
                                        sliding_window=sliding_window,
-                                       logits_soft_cap=logits_soft_cap, k_scale=k_scale, v_scale=v_scale)
-        kv_cache = write_kv(kv_cache, k, v, md.slot_mapping, k_scale, v_scale)
+                                       logits_soft_cap=logits_soft_cap, k_scale=k_scale, v_scale=v_scale,
+                                       cache_dtype=cache_dtype)
+        kv_cache = write_kv(kv_cache, k, v, md.slot_mapping, k_scale, v_scale, cache_dtype)
         # An fp8 cache: the kernels read raw values; K's scale rides on q, V's on the output.
         q, out_scale = fold_scales(q, k_scale, v_scale)
+        pages = as_fp8_view(kv_cache, cache_dtype)  # byte storage, typed as its format
         if max_query_len is None:
             max_query_len = md.max_query_len
         scale = float(scale)
@@ -161,7 +164,7 @@ class PallasBackend:
             # Decode: each real token sees its row's keys [0, position]; padding sees none.
             kv_lens = jnp.where(md.slot_mapping >= 0, md.positions + 1, 0).astype(jnp.int32)
             out = paged_decode_attention(
-                q, kv_cache, md.block_tables, md.token_to_req, kv_lens,
+                q, pages, md.block_tables, md.token_to_req, kv_lens,
                 scale=scale, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
                 pages_per_compute_block=c.decode_pages_per_block,
                 num_splits=c.num_splits(T, Hkv, md.block_tables.shape[1]),
@@ -170,7 +173,7 @@ class PallasBackend:
             bq = c.block_q(Hq, Hkv)
             tiles = num_tiles_bound(T, md.num_rows, bq)
             out = ragged_paged_attention(
-                q, kv_cache, md.block_tables, md.context_lens, md.query_start_loc,
+                q, pages, md.block_tables, md.context_lens, md.query_start_loc,
                 scale=scale, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
                 pages_per_compute_block=c.prefill_pages_per_block, block_q=bq,
                 num_splits=c.num_splits(tiles, Hkv, md.block_tables.shape[1],

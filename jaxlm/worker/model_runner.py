@@ -47,7 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxlm.attention.kv_quant import kv_scale_leaf_index, kv_scales_after_step
+from jaxlm.attention.kv_quant import kv_scale_leaf_index, kv_scales_after_step, storage_dtype
 from jaxlm.attention.metadata import AttentionMetadata
 from jaxlm.config import EngineConfig
 from jaxlm.config.speculative import max_sampled_rows
@@ -161,9 +161,10 @@ class ModelRunner:
         spec = self.kv_cache_spec
         shape = (2, num_blocks, self.block_size, spec.num_kv_heads, spec.head_dim)
         sharding = self._kv_sharding(spec.num_kv_heads)
-        self.kv_caches = [jnp.zeros(shape, dtype, device=sharding) for _ in range(spec.num_layers)]
+        # An fp8 cache is kept as its bytes (kv_quant.storage_dtype); the attention layers know the format.
+        self.kv_caches = [jnp.zeros(shape, storage_dtype(dtype), device=sharding) for _ in range(spec.num_layers)]
         logger.info("KV cache: %d blocks x %d tokens, %d layers, %s",
-                    num_blocks, self.block_size, spec.num_layers, dtype)
+                    num_blocks, self.block_size, spec.num_layers, jnp.dtype(dtype).name)
 
     def kv_cache_shards(self) -> int:
         """Devices a KV block is split over (1 unless tensor parallel splits the KV heads)."""

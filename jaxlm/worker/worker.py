@@ -52,11 +52,13 @@ class Worker:
         if kv_quant is not None and pipeline:
             raise ValueError(f"kv_cache_dtype={cache.kv_cache_dtype!r} does not run with pipeline parallel yet "
                              "(each stage would need its layers' K/V scales); use --kv-cache-dtype auto")
+        spec = self.config.speculative_config
+        if cache.calculate_kv_scales and spec is not None and spec.uses_draft_model:
+            raise ValueError("calculate_kv_scales does not run with a draft model yet (its runner would need the "
+                             "first step's scales too); give the checkpoint's scales or use ngram speculation")
         backend = shard_attention_backend(
             get_attention_backend(self.config.attention_backend, kv_quant=kv_quant), head_mesh)
         self.dtype = get_jax_dtype(self.config.model_config)
-        # The KV cache's storage dtype (--kv-cache-dtype; auto: the model's).
-        self.cache_dtype = resolve_kv_cache_dtype(cache.kv_cache_dtype, self.dtype)
         model = get_model(
             self.config.model_config, self.config.load_config, attn_backend=backend, mesh=self.mesh,
             enable_expert_parallel=self.config.parallel_config.enable_expert_parallel,
@@ -68,6 +70,11 @@ class Worker:
             return
         runner_cls = PipelineModelRunner if pipeline else ModelRunner
         self.model_runner = runner_cls(self.config, model, self.mesh)
+
+    @property
+    def cache_dtype(self) -> Any:
+        """The KV cache's storage dtype (--kv-cache-dtype; auto: the model's)."""
+        return resolve_kv_cache_dtype(self.config.cache_config.kv_cache_dtype, self.dtype)
 
     def bytes_per_block(self) -> int:
         runner = self.model_runner

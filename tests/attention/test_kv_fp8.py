@@ -92,9 +92,12 @@ def test_backend_on_fp8_cache_matches_reference(request, path, reqs, dtype):
     bs, hq, hkv, d = 8, 4, 2, 32
     q, k, v, cache8, md = _step(rng, reqs, bs=bs, hq=hq, hkv=hkv, d=d, dtype=dtype)
     kw = dict(scale=d ** -0.5, sliding_window=None, logits_soft_cap=None)
+    # The engine keeps an fp8 cache as its bytes and names the format (kv_quant.storage_dtype).
     scales = dict(k_scale=jnp.float32(K_SCALE), v_scale=jnp.float32(V_SCALE))
-    out, new_cache = jax.jit(functools.partial(_backends(path), **kw))(q, k, v, cache8, md, **scales)
-    assert new_cache.dtype == dtype
+    out, new_bytes = jax.jit(functools.partial(_backends(path), **kw, cache_dtype=dtype))(
+        q, k, v, jax.lax.bitcast_convert_type(cache8, jnp.uint8), md, **scales)
+    assert new_bytes.dtype == jnp.uint8
+    new_cache = jax.lax.bitcast_convert_type(new_bytes, dtype)
     want_cache = write_kv_reference(cache8, k, v, md.slot_mapping, K_SCALE, V_SCALE)
     # Bit-identical writes (NaN pages included); the padding tokens' 1e6 landed nowhere.
     np.testing.assert_array_equal(np.asarray(new_cache.view(jnp.uint8)), np.asarray(want_cache.view(jnp.uint8)))
@@ -110,7 +113,8 @@ def test_backend_on_fp8_cache_matches_reference(request, path, reqs, dtype):
 
 
 def test_window_and_softcap_on_fp8(cpu_kernels):
-    """A sliding window and a soft cap over the fp8 cache (XLA tiles + the C++ decode rows)."""
+    """A sliding window and a soft cap over the fp8 cache (XLA tiles + the C++ decode rows), the
+    cache an fp8-typed array this time (what a direct caller may pass)."""
     rng = np.random.default_rng(3)
     dtype = jnp.dtype(jnp.float8_e4m3fn)
     q, k, v, cache8, md = _step(rng, MIXED, bs=8, hq=6, hkv=2, d=16, dtype=dtype)
