@@ -1,10 +1,11 @@
-"""fp8 KV cache: the storage dtypes, per-tensor K/V scales, quantize on write, dequantize on read.
+"""fp8 KV cache: the storage dtypes, per-tensor K/V scales, quantize on write, fp8 reads.
 
 vLLM's meanings (``--kv-cache-dtype``): ``auto`` is the model's dtype, ``fp8`` is ``fp8_e4m3``
 (``jnp.float8_e4m3fn``, max 448), ``fp8_e5m2`` has more range (max 57344) and fewer mantissa
 bits. A stored element is ``x / scale`` rounded to nearest and saturated to the format's range
 (an fp8 cast alone would turn an out-of-range value into NaN for e4m3fn), so reading one back is
-``stored * scale``. One scale per layer for K and one for V (per-tensor, as fp8 checkpoints ship
+``stored * scale``. The cache array holds an fp8 cache's bytes (``storage_dtype``) and the
+attention layers pass its format as ``cache_dtype``. One scale per layer for K and one for V (per-tensor, as fp8 checkpoints ship
 them: ``self_attn.k_scale`` / ``self_attn.v_scale``; 1.0 when a checkpoint has none).
 
 The attention paths never multiply a cached element by its scale: scores are linear in K and the
@@ -137,12 +138,6 @@ def as_fp8_view(kv_cache: jax.Array, cache_dtype: Any = None) -> jax.Array:
     """The cache typed as its format (byte storage bitcast to fp8) for a kernel that reads fp8."""
     fmt = cache_format(kv_cache, cache_dtype)
     return jax.lax.bitcast_convert_type(kv_cache, fmt) if kv_cache.dtype != fmt else kv_cache
-
-
-def dequantize(x: jax.Array, scale: jax.Array | float | None) -> jax.Array:
-    """Cached values as f32 (the references' reading of an fp8 cache)."""
-    x = x.astype(jnp.float32)
-    return x if scale is None else x * scale
 
 
 def fold_scales(q: jax.Array, k_scale: Any, v_scale: Any) -> tuple[jax.Array, Any]:

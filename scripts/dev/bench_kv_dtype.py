@@ -60,7 +60,9 @@ def build_step(path: str, kv_cache_dtype: str, backend_name: str, batch: int, co
     caches = []
     for _ in range(spec.num_layers):
         x = jnp.asarray(rng.standard_normal(shape, np.float32))
-        caches.append(quantize_fp8(x, 1.0, dtype) if jnp.dtype(dtype).itemsize == 1 else x.astype(dtype))
+        # As the engine keeps them: an fp8 cache as its bytes (kv_quant.storage_dtype).
+        caches.append(jax.lax.bitcast_convert_type(quantize_fp8(x, 1.0, dtype), jnp.uint8)
+                      if jnp.dtype(dtype).itemsize == 1 else x.astype(dtype))
     tables = jnp.asarray(1 + np.arange(batch * pages, dtype=np.int32).reshape(batch, pages))
     graphdef, params = nnx.split(model)
 

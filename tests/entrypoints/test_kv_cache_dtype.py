@@ -12,6 +12,7 @@ import logging
 import os
 import shutil
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -75,6 +76,11 @@ def _runner(llm: LLM):
     return llm.llm_engine.get_model_runner()
 
 
+def _fp8_values(cache) -> np.ndarray:
+    """An engine's fp8 cache (its bytes) as the e4m3 values it holds."""
+    return np.asarray(jax.lax.bitcast_convert_type(cache, jnp.float8_e4m3fn).astype(jnp.float32))
+
+
 def _scales(llm: LLM) -> list[float]:
     runner = _runner(llm)
     return [float(runner._param_leaves[i]) for i in kv_scale_leaf_index(runner.params)]
@@ -87,7 +93,7 @@ def test_checkpoint_scales_are_read_and_applied(f32_llm, fp8_llm):
     for llm in (f32_llm, fp8_llm):
         llm.generate([{"prompt_token_ids": prompt}], SamplingParams(max_tokens=1), use_tqdm=False)
     f32 = np.asarray(_runner(f32_llm).kv_caches[0])
-    fp8 = np.asarray(_runner(fp8_llm).kv_caches[0].astype(jnp.float32))
+    fp8 = _fp8_values(_runner(fp8_llm).kv_caches[0])
     used = np.flatnonzero(np.abs(f32).reshape(2, f32.shape[1], -1).max(axis=(0, 2)) > 0)
     assert len(used) == -(-len(prompt) // 16)
     # Layer 0's K/V depend on the embedding alone: the fp8 cache holds the float cache's values
@@ -105,7 +111,7 @@ def test_fp8_holds_4x_the_blocks_of_float32_and_says_so(f32_llm, fp8_llm):
     fp8_blocks = fp8_llm.llm_engine.engine_config.cache_config.num_gpu_blocks
     assert f32_blocks == KV_BYTES // F32_BLOCK_BYTES == 48
     assert fp8_blocks == 4 * f32_blocks
-    assert _runner(fp8_llm).kv_caches[0].dtype == jnp.float8_e4m3fn
+    assert _runner(fp8_llm).kv_caches[0].dtype == jnp.uint8  # fp8 kept as its bytes (kv_quant.storage_dtype)
     assert _runner(f32_llm).kv_caches[0].dtype == jnp.float32
     info = {m.name: m for m in fp8_llm.get_metrics()}["vllm:cache_config_info"]
     assert info.labels["cache_dtype"] == "fp8" and info.labels["num_gpu_blocks"] == str(fp8_blocks)
@@ -135,7 +141,7 @@ def test_calculate_kv_scales_from_the_first_batch(paths):
     # element is stored as e4m3's nearest to 200 (192 or 208: 200 is a tie, and x / (x / 200) may
     # be an ulp either side) and to 100 (96 or 104), in every layer.
     for cache in _runner(llm).kv_caches:
-        stored = np.abs(np.asarray(cache.astype(jnp.float32)))
+        stored = np.abs(_fp8_values(cache))
         assert stored[0].max() in (192.0, 208.0) and stored[1].max() in (96.0, 104.0)
     while engine.has_unfinished_requests():
         engine.step()
