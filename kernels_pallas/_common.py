@@ -26,16 +26,24 @@ def dot(a: jax.Array, b: jax.Array, *, trans_b: bool = False) -> jax.Array:
     return plgpu.dot(a, b, trans_b=trans_b, precision=prec).astype(jnp.float32)
 
 
-def load_kv_block(k_ref, v_ref, pages: jax.Array, num_pages: int, head_dim: int):
+def is_fp8(dtype) -> bool:
+    return jnp.dtype(dtype) in (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.float8_e5m2))
+
+
+def load_kv_block(k_ref, v_ref, pages: jax.Array, num_pages: int, head_dim: int, compute_dtype=None):
     """Gather ``len(pages)`` pages of K and V ([num_blocks, block_size, D] refs) in place.
 
     Page ids are clamped to the cache so a garbage entry in a padded block table can never
-    become an out-of-bounds read; whatever such a page holds is masked by the caller.
+    become an out-of-bounds read; whatever such a page holds is masked by the caller. An fp8
+    cache is converted to ``compute_dtype`` (the queries') here, in registers: the caller folds
+    the K/V scales into the queries and the output, so the raw values are all a kernel needs.
     """
     pages = jnp.clip(pages, 0, num_pages - 1)
     n = pages.shape[0] * k_ref.shape[1]
     k = k_ref[pages].reshape(n, head_dim)
     v = v_ref[pages].reshape(n, head_dim)
+    if compute_dtype is not None and is_fp8(k.dtype):
+        k, v = k.astype(compute_dtype), v.astype(compute_dtype)
     return k, v
 
 

@@ -48,7 +48,7 @@ def _decode_kernel(q_ref, k_ref, v_ref, bt_ref, rows_ref, lens_ref, o_ref, m_ref
 
     def body(i, carry):
         pages = bt_ref[row, pl.ds(i * pages_per_block, pages_per_block)]
-        k, v = load_kv_block(k_ref, v_ref, pages, num_pages, head_dim)
+        k, v = load_kv_block(k_ref, v_ref, pages, num_pages, head_dim, q.dtype)
         sc = softcap_scores(dot(q, k.astype(q.dtype), trans_b=True), scale, cap)
         j = i * block_k + jnp.arange(block_k)
         ok = (j < kv_len) & (j >= lo)

@@ -70,7 +70,7 @@ def _ragged_kernel(q_ref, k_ref, v_ref, bt_ref, ctx_ref, qsl_ref, trow_ref, tq0_
 
     def body(i, carry):
         pages = bt_ref[row, pl.ds(i * pages_per_block, pages_per_block)]
-        k, v = load_kv_block(k_ref, v_ref, pages, num_pages, head_dim)
+        k, v = load_kv_block(k_ref, v_ref, pages, num_pages, head_dim, q.dtype)
         s = softcap_scores(dot(q, k.astype(q.dtype), trans_b=True), scale, cap)
         j = i * block_k + jnp.arange(block_k)
         mask = row_ok[:, None] & (j[None, :] <= qpos[:, None])

@@ -11,6 +11,7 @@ from typing import Any, Callable, Protocol
 
 import jax
 
+from jaxlm.attention.kv_quant import KVQuant
 from jaxlm.attention.metadata import AttentionMetadata
 from jaxlm.config.utils import jaxlm_cache_root
 from kernels_cpu.build import KernelBuildError, load_cpu_kernels
@@ -32,8 +33,11 @@ class AttentionBackend(Protocol):
         scale: float,
         sliding_window: int | None = None,
         logits_soft_cap: float | None = None,
+        k_scale: jax.Array | None = None,
+        v_scale: jax.Array | None = None,
     ) -> tuple[jax.Array, jax.Array]:
-        """Write k/v of this step into kv_cache, attend; returns (out [T, Hq, D], kv_cache)."""
+        """Write k/v of this step into kv_cache, attend; returns (out [T, Hq, D], kv_cache).
+        An fp8 cache stores k / k_scale and v / v_scale (attention/kv_quant.py)."""
         ...
 
     def constraints(self, block_size: int, head_dim: int) -> Any:
@@ -48,6 +52,8 @@ class FunctionBackend:
 
     name: str
     fn: Callable
+    # fp8 cache settings the model's attention layers read (None: a float cache).
+    kv_quant: KVQuant | None = None
 
     def __call__(self, q, k, v, kv_cache, md, **kw):
         return self.fn(q, k, v, kv_cache, md, **kw)
@@ -115,6 +121,16 @@ def resolve_backend_name(name: str, platform: str | None = None) -> str:
     return name
 
 
-def get_attention_backend(name: str = "auto", platform: str | None = None) -> AttentionBackend:
+def get_attention_backend(name: str = "auto", platform: str | None = None,
+                          kv_quant: KVQuant | None = None) -> AttentionBackend:
+    """The backend ``name`` resolves to; ``kv_quant``: it keeps an fp8 cache (refused where its
+    kernels cannot read one)."""
     module, attr = _BACKENDS[resolve_backend_name(name, platform)].split(":")
-    return getattr(importlib.import_module(module), attr)()
+    backend = getattr(importlib.import_module(module), attr)()
+    if kv_quant is None:
+        return backend
+    why = backend.fp8_unsupported() if hasattr(backend, "fp8_unsupported") else None
+    if why:
+        raise ValueError(f"kv_cache_dtype fp8: the {backend.name} attention backend cannot read an fp8 KV cache "
+                         f"here ({why}); use --kv-cache-dtype auto or another --attention-backend")
+    return dataclasses.replace(backend, kv_quant=kv_quant)

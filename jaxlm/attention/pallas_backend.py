@@ -33,6 +33,7 @@ import math
 import jax
 import jax.numpy as jnp
 
+from jaxlm.attention.kv_quant import KVQuant, as_fp8_view, fold_scales
 from jaxlm.attention.metadata import AttentionMetadata
 from jaxlm.attention.xla_backend import paged_attention_xla, write_kv
 from kernels_pallas.paged_decode import paged_decode_attention
@@ -120,6 +121,8 @@ class PallasBackend:
 
     interpret: bool = False
     name: str = "pallas"
+    # fp8 cache settings the model's attention layers read (None: a float cache).
+    kv_quant: KVQuant | None = None
 
     def constraints(self, block_size: int, head_dim: int) -> PallasConstraints:
         return PallasConstraints.for_cache(block_size, head_dim)
@@ -136,6 +139,9 @@ class PallasBackend:
         sliding_window: int | None = None,
         logits_soft_cap: float | None = None,
         max_query_len: int | None = None,
+        k_scale: jax.Array | None = None,
+        v_scale: jax.Array | None = None,
+        cache_dtype=None,
     ) -> tuple[jax.Array, jax.Array]:
         T, Hq, D = q.shape
         _, _, bs, Hkv, _ = kv_cache.shape
@@ -145,8 +151,12 @@ class PallasBackend:
                            "kernels (powers of 2 needed); using the XLA reference", D, bs)
             return paged_attention_xla(q, k, v, kv_cache, md, scale=scale,
                                        sliding_window=sliding_window,
-                                       logits_soft_cap=logits_soft_cap)
-        kv_cache = write_kv(kv_cache, k, v, md.slot_mapping)
+                                       logits_soft_cap=logits_soft_cap, k_scale=k_scale, v_scale=v_scale,
+                                       cache_dtype=cache_dtype)
+        kv_cache = write_kv(kv_cache, k, v, md.slot_mapping, k_scale, v_scale, cache_dtype)
+        # An fp8 cache: the kernels read raw values; K's scale rides on q, V's on the output.
+        q, out_scale = fold_scales(q, k_scale, v_scale)
+        pages = as_fp8_view(kv_cache, cache_dtype)  # byte storage, typed as its format
         if max_query_len is None:
             max_query_len = md.max_query_len
         scale = float(scale)
@@ -154,7 +164,7 @@ class PallasBackend:
             # Decode: each real token sees its row's keys [0, position]; padding sees none.
             kv_lens = jnp.where(md.slot_mapping >= 0, md.positions + 1, 0).astype(jnp.int32)
             out = paged_decode_attention(
-                q, kv_cache, md.block_tables, md.token_to_req, kv_lens,
+                q, pages, md.block_tables, md.token_to_req, kv_lens,
                 scale=scale, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
                 pages_per_compute_block=c.decode_pages_per_block,
                 num_splits=c.num_splits(T, Hkv, md.block_tables.shape[1]),
@@ -163,13 +173,33 @@ class PallasBackend:
             bq = c.block_q(Hq, Hkv)
             tiles = num_tiles_bound(T, md.num_rows, bq)
             out = ragged_paged_attention(
-                q, kv_cache, md.block_tables, md.context_lens, md.query_start_loc,
+                q, pages, md.block_tables, md.context_lens, md.query_start_loc,
                 scale=scale, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap,
                 pages_per_compute_block=c.prefill_pages_per_block, block_q=bq,
                 num_splits=c.num_splits(tiles, Hkv, md.block_tables.shape[1],
                                         c.prefill_pages_per_block),
                 interpret=self.interpret)
+        if out_scale is not None:
+            out = (out.astype(jnp.float32) * out_scale).astype(out.dtype)
         return out, kv_cache
+
+    def fp8_unsupported(self) -> str | None:
+        """Why the kernels cannot read an fp8 cache on this device (None: they can). Triton
+        converts fp8 on NVIDIA compute capability 8.9+ (Ada, Hopper) only."""
+        if self.interpret:
+            return None
+        return fp8_capability_problem(getattr(jax.devices()[0], "compute_capability", None))
+
+
+def fp8_capability_problem(compute_capability: str | None) -> str | None:
+    """None when a GPU of this compute capability ("8.9", "9.0") converts fp8 in Triton."""
+    try:
+        major, minor = (int(x) for x in str(compute_capability).split(".")[:2])
+    except ValueError:
+        return f"unknown GPU compute capability {compute_capability!r}"
+    if (major, minor) < (8, 9):
+        return f"GPU compute capability {major}.{minor} < 8.9 has no fp8 conversion in Triton"
+    return None
 
 
 def make_pallas_backend() -> PallasBackend:

@@ -34,18 +34,26 @@ class HeadShardedBackend:
     def name(self) -> str:
         return self.backend.name
 
+    @property
+    def kv_quant(self) -> Any:
+        return self.backend.kv_quant
+
     def constraints(self, block_size: int, head_dim: int) -> Any:
         return self.backend.constraints(block_size, head_dim)
 
     def __call__(self, q, k, v, kv_cache, md: AttentionMetadata, **kw):
-        def local(q, k, v, kv_cache, md):
-            return self.backend(q, k, v, kv_cache, md, **kw)
+        # The fp8 scales are arrays (per-tensor, replicated): explicit inputs of the shard_map.
+        scales = {n: kw.pop(n) for n in ("k_scale", "v_scale") if kw.get(n) is not None}
+
+        def local(q, k, v, kv_cache, md, scales):
+            return self.backend(q, k, v, kv_cache, md, **kw, **scales)
 
         md_spec = jax.tree.map(lambda _: P(), md)
         return jax.shard_map(
-            local, mesh=self.mesh, in_specs=(_HEADS, _HEADS, _HEADS, _CACHE, md_spec),
+            local, mesh=self.mesh,
+            in_specs=(_HEADS, _HEADS, _HEADS, _CACHE, md_spec, jax.tree.map(lambda _: P(), scales)),
             out_specs=(_HEADS, _CACHE), check_vma=False,
-        )(q, k, v, kv_cache, md)
+        )(q, k, v, kv_cache, md, scales)
 
 
 def shard_attention_backend(backend: Any, mesh: Mesh | AbstractMesh | None) -> Any:

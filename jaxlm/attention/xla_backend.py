@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxlm.attention.kv_quant import read_pages, scatter_kv
 from jaxlm.attention.metadata import AttentionMetadata
 from kernels_cpu.paged_decode import paged_decode_cpu
 from jaxlm.attention.xla_tiles import NEG_INF, attend_tiles, softcap, tile_rows
@@ -38,15 +39,18 @@ _DECODE_BLOCK = 64
 _DECODE_CHUNK_PAIRS = 2048
 
 
-def write_kv(kv_cache: jax.Array, k: jax.Array, v: jax.Array, slot_mapping: jax.Array) -> jax.Array:
-    """Scatter new K/V ([T, Hkv, D]) into kv_cache [2, num_blocks, block_size, Hkv, D]."""
+def write_kv(kv_cache: jax.Array, k: jax.Array, v: jax.Array, slot_mapping: jax.Array,
+             k_scale: jax.Array | None = None, v_scale: jax.Array | None = None, cache_dtype=None) -> jax.Array:
+    """Scatter new K/V ([T, Hkv, D]) into kv_cache [2, num_blocks, block_size, Hkv, D]; an fp8
+    cache (``cache_dtype`` for byte storage) gets k / k_scale and v / v_scale, saturated to its
+    range (kv_quant.scatter_kv)."""
     _, nb, bs, _, _ = kv_cache.shape
     # Index (block, offset) on the 5-D array: XLA scatters in place into the donated cache
     # (a flattening reshape first made it copy the whole cache every layer).
     block = jnp.where(slot_mapping < 0, nb, slot_mapping // bs)  # out of range -> dropped
     offset = slot_mapping % bs
-    kv_cache = kv_cache.at[0, block, offset].set(k.astype(kv_cache.dtype), mode="drop")
-    return kv_cache.at[1, block, offset].set(v.astype(kv_cache.dtype), mode="drop")
+    kv_cache = scatter_kv(kv_cache, 0, (block, offset), k, k_scale, cache_dtype)
+    return scatter_kv(kv_cache, 1, (block, offset), v, v_scale, cache_dtype)
 
 
 def paged_attention_xla(
@@ -60,17 +64,22 @@ def paged_attention_xla(
     sliding_window: int | None = None,
     logits_soft_cap: float | None = None,
     native_decode: bool = False,
+    k_scale: jax.Array | None = None,
+    v_scale: jax.Array | None = None,
+    cache_dtype=None,
 ) -> tuple[jax.Array, jax.Array]:
     """q [T, Hq, D], k/v [T, Hkv, D] (this step's tokens) -> (out [T, Hq, D], new kv_cache).
     ``native_decode``: the decode rows go through the C++ kernel (kernels_cpu, XLA:CPU only;
-    load_cpu_kernels() first) instead of the gather-based decode loop."""
+    load_cpu_kernels() first) instead of the gather-based decode loop. ``k_scale``/``v_scale``:
+    an fp8 cache's per-tensor scales (folded into the queries and the output: kv_quant)."""
     T, Hq, D = q.shape
     Hkv = kv_cache.shape[3]
-    kv_cache = write_kv(kv_cache, k, v, md.slot_mapping)
-    # The softmax scale goes on the queries once, not on every score.
-    qf = q.astype(jnp.float32).reshape(T, Hkv, Hq // Hkv, D) * scale
+    kv_cache = write_kv(kv_cache, k, v, md.slot_mapping, k_scale, v_scale, cache_dtype)
+    # The softmax scale (and an fp8 cache's K scale) goes on the queries once, not on every score.
+    qscale = scale if k_scale is None else scale * k_scale
+    qf = q.astype(jnp.float32).reshape(T, Hkv, Hq // Hkv, D) * qscale
     rows = tile_rows(md)
-    kw = dict(window=sliding_window, cap=logits_soft_cap)
+    kw = dict(window=sliding_window, cap=logits_soft_cap, cache_dtype=cache_dtype)
     # Decode-only (static): every row is a decode row. Bucket 1 is one too; without the tile
     # loop there, XLA no longer fuses the cache write into hoisted page gathers (which made it
     # copy the whole cache every step: see tests/attention/test_kv_in_place.py).
@@ -83,6 +92,8 @@ def paged_attention_xla(
                                out, **kw)
     else:
         out = _attend_decode(qf, kv_cache, md, rows.num_decode, out, **kw)
+    if v_scale is not None:
+        out = out * v_scale
     return out.reshape(T, Hq, D).astype(q.dtype), kv_cache
 
 
@@ -93,7 +104,7 @@ def decode_pages_per_chunk(block: int, page_size: int, max_pages: int) -> int:
     return max(1, min(max_pages, keys // page_size))
 
 
-def _attend_decode(qf, kv_cache, md: AttentionMetadata, num_decode, out, *, window, cap):
+def _attend_decode(qf, kv_cache, md: AttentionMetadata, num_decode, out, *, window, cap, cache_dtype=None):
     """The first ``num_decode`` tokens (one per decode row) attend to keys [0, position] of their
     row, read chunk by chunk through the block table: a mat-vec per token, which is what one
     query token is. Writes their rows of ``out`` [T, Hkv, G, D]."""
@@ -120,8 +131,8 @@ def _attend_decode(qf, kv_cache, md: AttentionMetadata, num_decode, out, *, wind
         def page_chunk(i, carry):
             m, l, acc = carry
             pages = lax.dynamic_slice_in_dim(bt_b, i * ppc, ppc, axis=1)
-            kc = kv_cache[0, pages].reshape(Bt, chunk, Hkv, D).astype(jnp.float32)
-            vc = kv_cache[1, pages].reshape(Bt, chunk, Hkv, D).astype(jnp.float32)
+            kc = read_pages(kv_cache, 0, pages, cache_dtype).reshape(Bt, chunk, Hkv, D)
+            vc = read_pages(kv_cache, 1, pages, cache_dtype).reshape(Bt, chunk, Hkv, D)
             j = i * chunk + jnp.arange(chunk)
             mask = (j[None, :] < hi[:, None]) & (j[None, :] >= lo[:, None])  # [Bt, chunk]
             s = softcap(jnp.einsum("thgd,tjhd->thgj", q_b, kc), cap)

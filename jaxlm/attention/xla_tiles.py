@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from jaxlm.attention.kv_quant import read_pages
 from jaxlm.attention.metadata import AttentionMetadata
 
 # Finite "minus infinity": exp(NEG_INF - m) underflows to 0 and NEG_INF - NEG_INF stays 0.
@@ -70,7 +71,7 @@ def _pieces(span: int) -> list[int]:
 
 
 def attend_tiles(qf: jax.Array, kv_cache: jax.Array, md: AttentionMetadata, rows: TileRows, *,
-                 window: int | None, cap: float | None) -> jax.Array:
+                 window: int | None, cap: float | None, cache_dtype=None) -> jax.Array:
     """qf [T, Hkv, G, D] (f32, times the softmax scale) -> out [T, Hkv, G, D]: every token of a
     non-decode row attends to keys [lo, position] of its row (lo: its sliding window's first
     key, else 0), read from the cache; other tokens (decode rows, padding) get zeros."""
@@ -109,8 +110,8 @@ def attend_tiles(qf: jax.Array, kv_cache: jax.Array, md: AttentionMetadata, rows
             m, l, acc = carry
             pages = lax.dynamic_slice_in_dim(bt[row], c * ppc, span * ppc)
             n = span * chunk
-            kc = kv_cache[0, pages].reshape(n, Hkv, D).astype(jnp.float32)
-            vc = kv_cache[1, pages].reshape(n, Hkv, D).astype(jnp.float32)
+            kc = read_pages(kv_cache, 0, pages, cache_dtype).reshape(n, Hkv, D)
+            vc = read_pages(kv_cache, 1, pages, cache_dtype).reshape(n, Hkv, D)
             s = softcap(jnp.einsum("hmd,jhd->hmj", q_t, kc), cap)
             if masked:
                 j = c * chunk + jnp.arange(n)

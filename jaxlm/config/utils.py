@@ -16,6 +16,8 @@ DTYPE_ALIASES = {"half": "float16", "float": "float32"}
 DTYPES = ("auto", "float32", "bfloat16", "float16", *DTYPE_ALIASES)
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "orbax")
 ATTENTION_BACKENDS = ("auto", "xla", "pallas", "cpu")
+# vLLM's --kv-cache-dtype values (auto: the model's dtype; fp8 = fp8_e4m3).
+KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 # vLLM's --quantization names jaxlm serves (jaxlm/models/quantization/registry.py holds the configs).
 QUANTIZATION_METHODS = ("fp8", "awq", "gptq", "compressed-tensors")

@@ -26,7 +26,6 @@ ChatMessages = list[dict[str, Any]]
 _VLLM_FIXED_ARGS: dict[str, tuple[Any, str]] = {
     "tokenizer_mode": ("auto", "jaxlm loads HF fast tokenizers only"),
     "tokenizer_revision": (None, "pass a tokenizer directory as tokenizer="),
-    "kv_cache_dtype": ("auto", "the KV cache is kept in the model's dtype"),
     "enable_chunked_prefill": (True, "jaxlm always chunks prefills into the step budget"),
     "cpu_offload_gb": (0, "jaxlm does not offload weights"),
     "hf_overrides": (None, "the model's config.json is used as it is"),

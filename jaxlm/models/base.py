@@ -21,6 +21,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, PartitionSpec
 
+from jaxlm.attention.kv_quant import KVCacheScale, fill_kv_scales, is_kv_scale_name
 from jaxlm.core.kv_cache_utils import KVCacheSpec
 from jaxlm.model_loader.errors import UnexpectedWeightError, WeightShapeError
 from jaxlm.models.layers import LMHead
@@ -282,8 +283,16 @@ class CausalLMBase(nnx.Module):
         targets = self._weight_targets()
         mesh_of = self.placement_meshes()
         loaded: set[str] = set()
+        # An fp8 KV cache's per-layer scales (kv_quant): read here, set once all tensors are seen.
+        scale_names = {_path_name(p) for p, n in nnx.iter_graph(self) if isinstance(n, KVCacheScale)}
+        scales: dict[str, float] = {}
         for raw_name, array in weights:
             name = self.canonical_name(raw_name)
+            if is_kv_scale_name(name):  # a float cache ignores an fp8 checkpoint's scales
+                if name in scale_names:
+                    scales[name] = float(np.asarray(array, np.float32).reshape(-1)[0])
+                loaded.add(name)
+                continue
             target = targets.get(name)
             if target is None:
                 if self._is_ignored(name):
@@ -303,6 +312,8 @@ class CausalLMBase(nnx.Module):
                     place_block(param, fn(host), target.starts, dtype, mesh)
             loaded.add(name)
             del array, host  # not held while the next tensor is read
+        if scale_names:
+            fill_kv_scales(self, scales, self.attn_backend.kv_quant, source)
         logger.debug("loaded %d tensors from %s", len(loaded), source)
         return loaded
 

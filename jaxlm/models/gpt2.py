@@ -11,6 +11,7 @@ from typing import Any
 
 from flax import nnx
 
+from jaxlm.attention.kv_quant import add_kv_scales, kv_scale_args
 from jaxlm.core.kv_cache_utils import KVCacheSpec
 from jaxlm.models.base import CausalLMBase, DecoderStack, WeightTarget
 from jaxlm.models.layers import Embedding, LayerNorm, Linear, ParallelStyle, get_act_fn
@@ -65,6 +66,7 @@ class GPT2Attention(nnx.Module):
             scale /= layer_idx + 1
         self.scale = scale
         self.attn_backend = attn_backend
+        add_kv_scales(self, attn_backend)  # an fp8 KV cache's k_scale / v_scale
         # Filled from the fused checkpoint tensor c_attn (see GPT2LMHeadModel._extra_targets).
         self.q_proj = _conv1d(h, h, COLUMN, dtype, rngs)
         self.k_proj = _conv1d(h, h, COLUMN, dtype, rngs)
@@ -75,7 +77,7 @@ class GPT2Attention(nnx.Module):
         T = x.shape[0]
         shape = (T, self.num_heads, self.head_dim)
         q, k, v = self.q_proj(x).reshape(shape), self.k_proj(x).reshape(shape), self.v_proj(x).reshape(shape)
-        out, kv_cache = self.attn_backend(q, k, v, kv_cache, md, scale=self.scale)
+        out, kv_cache = self.attn_backend(q, k, v, kv_cache, md, scale=self.scale, **kv_scale_args(self, k, v, md))
         return self.c_proj(out.reshape(T, -1)), kv_cache
 
 

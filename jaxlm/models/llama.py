@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxlm.attention.kv_quant import add_kv_scales, kv_scale_args
 from jaxlm.attention.metadata import AttentionMetadata
 from jaxlm.core.kv_cache_utils import KVCacheSpec
 from jaxlm.models.base import CausalLMBase, DecoderStack
@@ -113,6 +114,7 @@ class LlamaAttention(nnx.Module):
         self.sliding_window = args.sliding_windows[layer_idx]
         self.rotary_emb = rope
         self.attn_backend = attn_backend
+        add_kv_scales(self, attn_backend)  # an fp8 KV cache's k_scale / v_scale
         self.q_proj = Linear(h, args.num_heads * d, bias=args.qkv_bias, parallel=COLUMN, dtype=dtype, rngs=rngs)
         repeat = (args.kv_repeat, d) if args.kv_repeat > 1 else None
         self.k_proj = Linear(h, args.num_kv_heads * d, bias=args.qkv_bias, parallel=COLUMN, dtype=dtype, rngs=rngs,
@@ -141,7 +143,8 @@ class LlamaAttention(nnx.Module):
         q, k, v = self.project_qkv(x)
         if self.rotary_emb is not None:  # None: a layer without rope (SmolLM3)
             q, k = self.rotary_emb(positions, q, k)
-        out, kv_cache = self.attn_backend(q, k, v, kv_cache, md, scale=self.scale, sliding_window=self.sliding_window)
+        out, kv_cache = self.attn_backend(q, k, v, kv_cache, md, scale=self.scale, sliding_window=self.sliding_window,
+                                          **kv_scale_args(self, k, v, md))
         return self.o_proj(out.reshape(T, self.num_heads * self.head_dim)), kv_cache
 
 

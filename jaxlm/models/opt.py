@@ -8,6 +8,7 @@ from typing import Any
 
 from flax import nnx
 
+from jaxlm.attention.kv_quant import add_kv_scales, kv_scale_args
 from jaxlm.core.kv_cache_utils import KVCacheSpec
 from jaxlm.models.base import CausalLMBase, DecoderStack
 from jaxlm.models.layers import Embedding, LayerNorm, Linear, ParallelStyle, get_act_fn
@@ -65,6 +66,7 @@ class OPTAttention(nnx.Module):
         self.head_dim = h // args.num_heads
         self.scale = self.head_dim**-0.5
         self.attn_backend = attn_backend
+        add_kv_scales(self, attn_backend)  # an fp8 KV cache's k_scale / v_scale
         self.q_proj = Linear(h, h, bias=b, parallel=COLUMN, dtype=dtype, rngs=rngs)
         self.k_proj = Linear(h, h, bias=b, parallel=COLUMN, dtype=dtype, rngs=rngs)
         self.v_proj = Linear(h, h, bias=b, parallel=COLUMN, dtype=dtype, rngs=rngs)
@@ -74,7 +76,7 @@ class OPTAttention(nnx.Module):
         T = x.shape[0]
         shape = (T, self.num_heads, self.head_dim)
         q, k, v = self.q_proj(x).reshape(shape), self.k_proj(x).reshape(shape), self.v_proj(x).reshape(shape)
-        out, kv_cache = self.attn_backend(q, k, v, kv_cache, md, scale=self.scale)
+        out, kv_cache = self.attn_backend(q, k, v, kv_cache, md, scale=self.scale, **kv_scale_args(self, k, v, md))
         return self.out_proj(out.reshape(T, -1)), kv_cache
 
 

@@ -276,7 +276,9 @@ class ServerMetrics:
 def cache_config_info(cache_config: Any) -> dict[str, str]:
     """vllm:cache_config_info's labels: the CacheConfig's scalar fields, as strings."""
     fields = dataclasses.asdict(cache_config) if dataclasses.is_dataclass(cache_config) else {}
-    return {k: str(v) for k, v in fields.items() if isinstance(v, (str, int, float, bool)) or v is None}
+    # vLLM's label for the KV cache's dtype is CacheConfig.cache_dtype (its --kv-cache-dtype).
+    return {("cache_dtype" if k == "kv_cache_dtype" else k): str(v) for k, v in fields.items()
+            if isinstance(v, (str, int, float, bool)) or v is None}
 
 
 def parse_metrics(text: str) -> dict[str, float]:

@@ -65,7 +65,8 @@ def build_spec_runner(config: EngineConfig, model: Any, mesh: Any, attn_backend:
     draft_mesh = mesh
     if draft_tp(config) != config.parallel_config.tensor_parallel_size:
         draft_mesh = jax.sharding.Mesh(np.array(mesh.devices.flat[:1]).reshape(1, 1), ("data", "model"))
-        attn_backend = shard_attention_backend(get_attention_backend(config.attention_backend), draft_mesh)
+        attn_backend = shard_attention_backend(
+            get_attention_backend(config.attention_backend, kv_quant=attn_backend.kv_quant), draft_mesh)
     draft = get_model(spec.draft_model_config, LoadConfig(), attn_backend=attn_backend, mesh=draft_mesh)
     return SpecModelRunner(config, model, mesh, draft, draft_mesh)
 

@@ -30,8 +30,8 @@ def compile_jobs(runner: Any) -> list[CompileJob]:
 
     body_jit = lambda T, kind: jax.jit(runner._body_fn(T, kind), donate_argnums=(1,))  # noqa: E731
     T0 = runner.token_buckets[0]
-    hidden_sel, _ = jax.eval_shape(body_jit(T0, MIXED), params_spec, kv_spec, packed_spec(T0, MIXED),
-                                   jax.ShapeDtypeStruct((runner.sample_capacity,), jnp.int32))
+    hidden_sel = jax.eval_shape(body_jit(T0, MIXED), params_spec, kv_spec, packed_spec(T0, MIXED),
+                                jax.ShapeDtypeStruct((runner.sample_capacity,), jnp.int32))[0]
     hidden_sel = jax.ShapeDtypeStruct(hidden_sel.shape, hidden_sel.dtype, sharding=replicated)
     runner._find_sampler_leaves(params_spec, hidden_sel)
     sampler_spec = [params_spec[i] for i in runner._sampler_leaf_index]

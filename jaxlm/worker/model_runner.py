@@ -47,6 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxlm.attention.kv_quant import kv_scale_leaf_index, kv_scales_after_step, storage_dtype
 from jaxlm.attention.metadata import AttentionMetadata
 from jaxlm.config import EngineConfig
 from jaxlm.config.speculative import max_sampled_rows
@@ -98,6 +99,9 @@ class ModelRunner:
         self.graphdef, self.params = nnx.split(model)
         # Flattened once: the programs take the leaves as a flat list (see the module docstring).
         self._param_leaves, self._param_treedef = jax.tree.flatten(self.params)
+        # --calculate-kv-scales: the leaves of the fp8 cache's K/V scales, which every body program
+        # also returns (set by the first step that writes tokens, then unchanged: kv_quant.py).
+        self._kv_scale_index = kv_scale_leaf_index(self.params) if config.cache_config.calculate_kv_scales else []
         # LoRA: adapter slots on the device, a slot index per token (jaxlm/lora/slots.py).
         self.lora = LoRASlotManager(model, lora_targets, lora, self._param_leaves) if lora_targets else None
         self.kernel_constraints = kernel_constraints(model, self.block_size, self.kv_cache_spec.head_dim)
@@ -158,9 +162,10 @@ class ModelRunner:
         spec = self.kv_cache_spec
         shape = (2, num_blocks, self.block_size, spec.num_kv_heads, spec.head_dim)
         sharding = self._kv_sharding(spec.num_kv_heads)
-        self.kv_caches = [jnp.zeros(shape, dtype, device=sharding) for _ in range(spec.num_layers)]
+        # An fp8 cache is kept as its bytes (kv_quant.storage_dtype); the attention layers know the format.
+        self.kv_caches = [jnp.zeros(shape, storage_dtype(dtype), device=sharding) for _ in range(spec.num_layers)]
         logger.info("KV cache: %d blocks x %d tokens, %d layers, %s",
-                    num_blocks, self.block_size, spec.num_layers, dtype)
+                    num_blocks, self.block_size, spec.num_layers, jnp.dtype(dtype).name)
 
     def kv_cache_shards(self) -> int:
         """Devices a KV block is split over (1 unless tensor parallel splits the KV heads)."""
@@ -205,7 +210,7 @@ class ModelRunner:
 
     def _body_fn(self, T: int, kind: str) -> Callable:
         graphdef, k, replicated = self.graphdef, self.sampling.max_logprobs, self._replicated
-        shapes, treedef = self._step_shapes(T, kind), self._param_treedef
+        shapes, treedef, scale_index = self._step_shapes(T, kind), self._param_treedef, self._kv_scale_index
 
         def body(leaves, kv_caches, packed, prev_tokens):
             params = jax.tree.unflatten(treedef, leaves)
@@ -221,11 +226,13 @@ class ModelRunner:
             selected = hidden[x["logits_indices"]]
             if replicated is not None:
                 selected = jax.lax.with_sharding_constraint(selected, replicated)
+            # The K/V scales the step used (computed by the first one): (scales,) or ().
+            scales = (kv_scales_after_step(model, scale_index, replicated),) if scale_index else ()
             if kind != PROMPT_LOGPROBS:
-                return selected, kv_caches
+                return selected, *scales, kv_caches
             logits = gathered(model.compute_logits(hidden), replicated)
             prompt_lps = compute_prompt_logprobs(logits, x["next_token_ids"], k)
-            return selected, prompt_lps, kv_caches
+            return selected, prompt_lps, *scales, kv_caches
 
         return body
 
@@ -323,7 +330,14 @@ class ModelRunner:
             timer.lap("transfer")
         outs = self._body[(T, kind)](self._param_leaves, self.kv_caches, body_in, self._last_tokens)
         hidden, self.kv_caches = outs[0], outs[-1]
+        if self._kv_scale_index:
+            self.keep_kv_scales(outs[-2])
         return inputs, hidden, outs[1] if kind == PROMPT_LOGPROBS else None, sampling, md_in
+
+    def keep_kv_scales(self, scales: list[jax.Array]) -> None:
+        """The K/V scales a step returned become the next step's (--calculate-kv-scales)."""
+        for i, value in zip(self._kv_scale_index, scales):
+            self._param_leaves[i] = value
 
     def _record_padding(self, inputs: StepInputs, T: int) -> None:
         R, num_rows = self._rows_for(T), len(inputs.req_ids)

@@ -11,6 +11,7 @@ import numpy as np
 import psutil
 
 from jaxlm.attention.backends import get_attention_backend
+from jaxlm.attention.kv_quant import kv_quant_for, resolve_kv_cache_dtype
 from jaxlm.attention.sharded import shard_attention_backend
 from jaxlm.config import EngineConfig
 from jaxlm.core.sched_output import SchedulerOutput
@@ -61,7 +62,17 @@ class Worker:
         # every stage's sub-mesh has the same shape: its abstract mesh serves all stages.
         pipeline = self.mesh.shape.get(STAGE_AXIS, 1) > 1
         head_mesh = stage_mesh(self.mesh, 0).abstract_mesh if pipeline else self.mesh
-        backend = shard_attention_backend(get_attention_backend(self.config.attention_backend), head_mesh)
+        cache = self.config.cache_config
+        kv_quant = kv_quant_for(cache.kv_cache_dtype, cache.calculate_kv_scales)
+        if kv_quant is not None and pipeline:
+            raise ValueError(f"kv_cache_dtype={cache.kv_cache_dtype!r} does not run with pipeline parallel yet "
+                             "(each stage would need its layers' K/V scales); use --kv-cache-dtype auto")
+        spec = self.config.speculative_config
+        if cache.calculate_kv_scales and spec is not None and spec.uses_draft_model:
+            raise ValueError("calculate_kv_scales does not run with a draft model yet (its runner would need the "
+                             "first step's scales too); give the checkpoint's scales or use ngram speculation")
+        backend = shard_attention_backend(
+            get_attention_backend(self.config.attention_backend, kv_quant=kv_quant), head_mesh)
         self.dtype = get_jax_dtype(self.config.model_config)
         model = get_model(
             self.config.model_config, self.config.load_config, attn_backend=backend, mesh=self.mesh,
@@ -76,10 +87,15 @@ class Worker:
         runner_cls = PipelineModelRunner if pipeline else ModelRunner
         self.model_runner = runner_cls(self.config, model, self.mesh)
 
+    @property
+    def cache_dtype(self) -> Any:
+        """The KV cache's storage dtype (--kv-cache-dtype; auto: the model's)."""
+        return resolve_kv_cache_dtype(self.config.cache_config.kv_cache_dtype, self.dtype)
+
     def bytes_per_block(self) -> int:
         runner = self.model_runner
         specs = [runner.kv_cache_spec] + [r.kv_cache_spec for r in [getattr(runner, "drafter", None)] if r is not None]
-        return sum(s.bytes_per_block(self.config.cache_config.block_size, np.dtype(self.dtype).itemsize)
+        return sum(s.bytes_per_block(self.config.cache_config.block_size, np.dtype(self.cache_dtype).itemsize)
                    for s in specs)
 
     def determine_num_available_blocks(self) -> int:
@@ -123,7 +139,13 @@ class Worker:
         return freed
 
     def initialize_cache(self, num_blocks: int) -> None:
-        self.model_runner.initialize_kv_cache(num_blocks, self.dtype)
+        self.model_runner.initialize_kv_cache(num_blocks, self.cache_dtype)
+        cache, sched = self.config.cache_config, self.config.scheduler_config
+        tokens = num_blocks * cache.block_size
+        # vLLM's start-up lines: what fits, and how many full-length requests at once.
+        logger.info("KV cache (%s, %s): %d tokens fit; maximum concurrency for %d tokens per request: %.2fx",
+                    cache.kv_cache_dtype, np.dtype(self.cache_dtype).name, tokens, sched.max_model_len,
+                    tokens / sched.max_model_len)
 
     def compile_or_warm_up_model(self) -> None:
         self.model_runner.warm_up()

@@ -46,3 +46,26 @@ def test_wrapped_only_when_heads_are_split():
     wrapped = shard_attention_backend(xla, AbstractMesh((1, 2), ("data", "model")))
     assert isinstance(wrapped, HeadShardedBackend) and wrapped.name == "xla"
     assert wrapped.constraints(16, 64) is None  # the XLA backend's: no decode programs
+
+
+@pytest.mark.parametrize("decode", [True, False], ids=["decode", "mixed"])
+def test_fp8_cache_under_shard_map_lowers_for_cuda(decode):
+    """--kv-cache-dtype fp8 under tensor parallel: the per-tensor scales enter the shard_map as
+    replicated inputs, each device writes and reads its heads' bytes."""
+    import jax
+
+    mesh = AbstractMesh((1, 2), ("data", "model"))
+    d, bs = 128, 16
+    P = PallasConstraints.for_cache(bs, d).round_pages(2048 // bs)
+    q, k, v, cache, md = _specs(16, 16, P, 16, 4, d, bs, jnp.bfloat16)
+    cache = jax.ShapeDtypeStruct(cache.shape, jnp.uint8)  # the engine keeps fp8 as bytes
+    scale = jax.ShapeDtypeStruct((), jnp.float32)
+    backend = HeadShardedBackend(PallasBackend(interpret=False), mesh)
+
+    def fn(q, k, v, cache, md, ks, vs):
+        return backend(q, k, v, cache, md, scale=d ** -0.5, max_query_len=1 if decode else None,
+                       k_scale=ks, v_scale=vs, cache_dtype=jnp.float8_e4m3fn)
+
+    exp = export_cuda(fn, q, k, v, cache, md, scale, scale)
+    assert sum(exp.mlir_module().count(t) for t in TRITON_TARGETS) == 1
+    assert exp.out_avals[1].dtype == jnp.uint8

@@ -22,7 +22,9 @@ def _case(rng, *, T, hq, hkv, d, bs, nb, pages, dtype):
     return jnp.asarray(q), jnp.asarray(cache, dtype), jnp.asarray(positions), jnp.asarray(rows), jnp.asarray(tables)
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+# fp8 (--kv-cache-dtype fp8 / fp8_e5m2): the kernel converts each byte to float itself; the reference
+# reads the same fp8 cache through XLA's conversion, so the two agree as closely as for f32.
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float8_e4m3fn, jnp.float8_e5m2])
 @pytest.mark.parametrize("hq,hkv,d", [(4, 4, 16), (9, 3, 64), (8, 1, 32)])
 @pytest.mark.parametrize("window,cap", [(None, None), (7, None), (None, 5.0), (20, 30.0)])
 def test_matches_reference(cpu_kernels, dtype, hq, hkv, d, window, cap):
@@ -58,3 +60,19 @@ def test_out_of_range_inputs_stay_in_bounds(cpu_kernels):
     out = np.asarray(out)
     assert np.all(np.isfinite(out))
     assert np.all(out[1] == 0.0)  # a negative position has no keys
+
+
+@pytest.mark.parametrize("dtype", [jnp.float8_e4m3fn, jnp.float8_e5m2])
+def test_fp8_conversion_is_exact_for_every_byte(cpu_kernels, dtype):
+    """All 256 fp8 codes (subnormals, the extremes, negatives, NaN, e5m2's infinities) come out
+    of the kernel's integer conversion as XLA converts them: token t reads only key t (window 1),
+    whose V holds code t, so its output is that value."""
+    n, d = 256, 16
+    cache = np.zeros((2, 1, n, 1, d), np.uint8)
+    cache[1, 0, :, 0, :] = np.arange(n, dtype=np.uint8)[:, None]
+    cache = jnp.asarray(cache).view(dtype)
+    out = paged_decode_cpu(jnp.zeros((n, 1, 1, d), jnp.float32), cache, jnp.arange(n, dtype=jnp.int32),
+                           jnp.zeros(n, jnp.int32), jnp.zeros((1, 1), jnp.int32), jnp.int32(n),
+                           jnp.zeros((n, 1, 1, d), jnp.float32), window=1)
+    want = np.asarray(cache[1, 0, :, 0, :].astype(jnp.float32))
+    np.testing.assert_array_equal(np.asarray(out)[:, 0, 0, :], want)  # NaN == NaN here

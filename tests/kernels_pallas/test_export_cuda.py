@@ -88,3 +88,25 @@ def test_long_context_ragged_config_lowers():
     exp = export_cuda(fn, jax.ShapeDtypeStruct((T, 4, d), jnp.float32),
                       jax.ShapeDtypeStruct((2, 70, bs, 1, d), jnp.float32), i32(R, P), i32(R), i32(R + 1))
     assert sum(exp.mlir_module().count(t) for t in TRITON_TARGETS) == 1
+
+
+@pytest.mark.parametrize("decode", [True, False], ids=["decode", "mixed"])
+@pytest.mark.parametrize("cache_dtype", [jnp.float8_e4m3fn, jnp.float8_e5m2])
+def test_fp8_cache_lowers_for_cuda(cache_dtype, decode):
+    """--kv-cache-dtype fp8: both kernels read fp8 pages (converted in registers), the scales
+    folded into q and the output; bf16 queries as on a GPU."""
+    d, bs, hq, hkv = 128, 16, 32, 8
+    c = PallasConstraints.for_cache(bs, d)
+    T, R = (16, 16) if decode else (256, 16)
+    q, k, v, cache, md = _specs(T, R, c.round_pages(4096 // bs), hq, hkv, d, bs, jnp.bfloat16)
+    cache = jax.ShapeDtypeStruct(cache.shape, cache_dtype)
+    scales = jax.ShapeDtypeStruct((), jnp.float32)
+
+    def fn(q, k, v, cache, md, ks, vs):
+        return PallasBackend()(q, k, v, cache, md, scale=d ** -0.5, max_query_len=1 if decode else None,
+                               k_scale=ks, v_scale=vs)
+
+    exp = export_cuda(fn, q, k, v, cache, md, scales, scales)
+    text = exp.mlir_module()
+    assert sum(text.count(t) for t in TRITON_TARGETS) == 1, "expected exactly one kernel"
+    assert exp.out_avals[1].dtype == cache_dtype  # the cache stays fp8

@@ -71,6 +71,8 @@ FLAG_TESTS = {
     "--kv-cache-memory-bytes": "tests/worker/test_worker.py::test_kv_cache_budget_flags",
     "--num-gpu-blocks-override": "tests/serve/test_engine_core_proc.py::test_dp2_engine_labels_idle_gauges_and_log_flags",
     "--enable-prefix-caching": "tests/entrypoints/test_llm_api.py::test_n_siblings_share_prompt_blocks",
+    "--kv-cache-dtype": "tests/serve/test_kv_cache_dtype_server.py::test_fp8_server_holds_4x_the_blocks_and_says_so",
+    "--calculate-kv-scales": "tests/entrypoints/test_kv_cache_dtype.py::test_calculate_kv_scales_from_the_first_batch",
     # SchedulerConfig
     "--max-num-seqs": "tests/core/test_scheduler.py::test_max_num_seqs_caps_running",
     "--max-num-batched-tokens": "tests/serve/test_compat.py::test_echo_logprobs_keep_every_prompt_position_over_a_multi_step_prefill",
