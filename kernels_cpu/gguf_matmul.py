@@ -11,10 +11,16 @@ GGUF_KERNEL_TYPES = {2: ("Q4_0", 18), 3: ("Q4_1", 20), 8: ("Q8_0", 34)}
 QK = 32
 
 
-def gguf_matmul_cpu(x: jax.Array, w: jax.Array, qtype: int) -> jax.Array:
+# From this many rows of x on, the kernel dequantizes tiles of W to f32 and multiplies in f32
+# (prefill); below, it rounds x to int8 per block and takes integer dot products (decode).
+F32_MIN_ROWS = 32
+
+
+def gguf_matmul_cpu(x: jax.Array, w: jax.Array, qtype: int, *, f32_min_rows: int = F32_MIN_ROWS) -> jax.Array:
     """x [..., K] (cast to f32) @ W^T -> [..., N] f32, W [N, K] given as its GGUF blocks ``w``
-    [N, K / 32 * block bytes] uint8 of type ``qtype`` (GGUF_KERNEL_TYPES). Rows of x are
-    quantized to int8 per block of 32 inside (as llama.cpp does). Needs load_cpu_kernels()."""
+    [N, K / 32 * block bytes] uint8 of type ``qtype`` (GGUF_KERNEL_TYPES). Fewer than
+    ``f32_min_rows`` rows of x are rounded to int8 per block of 32 inside (as llama.cpp does);
+    more are multiplied as given (0: always rounded). Needs load_cpu_kernels()."""
     if qtype not in GGUF_KERNEL_TYPES:
         raise ValueError(f"gguf_matmul_cpu: GGUF type {qtype} has no kernel (kernel types: "
                          f"{', '.join(n for n, _ in GGUF_KERNEL_TYPES.values())})")
@@ -26,7 +32,23 @@ def gguf_matmul_cpu(x: jax.Array, w: jax.Array, qtype: int) -> jax.Array:
     x2 = x.reshape(-1, k).astype(jnp.float32)
     call = jax.ffi.ffi_call("jaxlm_gguf_matmul", jax.ShapeDtypeStruct((x2.shape[0], n), jnp.float32),
                             vmap_method="sequential")
-    return call(x2, w, qtype=np.int32(qtype)).reshape(*lead, n)
+    return call(x2, w, qtype=np.int32(qtype), f32_min_rows=np.int32(f32_min_rows)).reshape(*lead, n)
+
+
+def gguf_dequantize_rows(rows: jax.Array, qtype: int) -> jax.Array:
+    """Blocks [..., K / 32 * block bytes] uint8 -> values [..., K] f32, in XLA (any platform):
+    the embedding's gathered rows. Same formulas as the C++ kernel (gguf_matmul.cc's header)."""
+    name, size = GGUF_KERNEL_TYPES[qtype]
+    lead = rows.shape[:-1]
+    b = rows.reshape(*lead, -1, size)
+    f16 = lambda lo: jax.lax.bitcast_convert_type(b[..., lo:lo + 2], jnp.float16).astype(jnp.float32)[..., None]  # noqa: E731
+    if name == "Q8_0":
+        vals = f16(0) * jax.lax.bitcast_convert_type(b[..., 2:], jnp.int8).astype(jnp.float32)
+    else:
+        qs = b[..., size - QK // 2:]
+        nib = jnp.concatenate([qs & 15, qs >> 4], axis=-1).astype(jnp.float32)
+        vals = f16(0) * (nib - 8.0) if name == "Q4_0" else f16(0) * nib + f16(2)
+    return vals.reshape(*lead, -1)
 
 
 def dequantize_reference(w: np.ndarray, qtype: int, k: int) -> np.ndarray:
