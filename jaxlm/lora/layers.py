@@ -28,7 +28,7 @@ families' call signatures stay as they are).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -63,7 +63,8 @@ jax.tree_util.register_dataclass(LoRAStep, data_fields=["mask", "active"], meta_
 
 
 class LinearLoRA(nnx.Module):
-    """The slots of one ``Linear``; called by it with the input and the base weight."""
+    """The slots of one ``Linear``; called by it with the input and its base product (a thunk:
+    whatever the layer's quantization method computes)."""
 
     def __init__(self, in_features: int, out_features: int, *, num_slots: int, rank: int,
                  parallel: ParallelStyle, kv_repeat: tuple[int, int] | None, dtype: Any):
@@ -78,16 +79,16 @@ class LinearLoRA(nnx.Module):
                                  eager_sharding=False)
         self.step = nnx.data(None)  # set per trace by set_lora_step
 
-    def __call__(self, x: jax.Array, weight: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, base: Callable[[], jax.Array]) -> jax.Array:
         step: LoRAStep | None = self.step
         if step is None:  # traced without a step (the sampler's logits): no adapter
-            return x @ weight
+            return base()
 
         def with_delta() -> jax.Array:
-            return x @ weight + ((x @ self.lora_a[...]) * step.mask) @ self.lora_b[...]
+            return base() + ((x @ self.lora_a[...]) * step.mask) @ self.lora_b[...]
 
         # The base matmul sits in both branches so a row-parallel layer keeps one reduction.
-        return jax.lax.cond(step.active, with_delta, lambda: x @ weight)
+        return jax.lax.cond(step.active, with_delta, base)
 
 
 def lora_layers(model: nnx.Module) -> Iterator[tuple[str, LinearLoRA]]:
@@ -105,23 +106,13 @@ def install_lora(model: nnx.Module, num_slots: int, rank: int, mesh: Any) -> LoR
                if isinstance(node, Linear)}
     for path in targets.modules:
         linear = linears[path]
-        in_f, out_f = linear.weight.get_value().shape
-        lora = LinearLoRA(in_f, out_f, num_slots=num_slots, rank=rank, parallel=_style_of(linear),
-                          kv_repeat=linear.weight.get_metadata().get("kv_repeat"), dtype=linear.weight.get_value().dtype)
+        lora = LinearLoRA(linear.in_features, linear.out_features, num_slots=num_slots, rank=rank,
+                          parallel=linear.parallel, kv_repeat=linear.kv_repeat, dtype=linear.dtype)
         for var in (lora.lora_a, lora.lora_b):
             shape, dtype = var.get_value().shape, var.get_value().dtype
             place(var, np.zeros(shape, dtype), dtype, mesh)
         linear.lora = lora
     return targets
-
-
-def _style_of(linear: Linear) -> ParallelStyle:
-    """The ParallelStyle a Linear's weight was annotated with."""
-    spec = tuple(linear.weight.get_metadata().get("out_sharding") or (None, None))
-    for style in ParallelStyle:
-        if style.weight_spec == spec:
-            return style
-    return ParallelStyle.REPLICATED
 
 
 def set_lora_step(model: nnx.Module, token_slots: jax.Array) -> None:

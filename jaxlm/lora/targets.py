@@ -75,8 +75,8 @@ def lora_targets(model: Any) -> LoRATargets:
 def linear_hf_features(linear: Any) -> tuple[int, int]:
     """(in, out) of a Linear as the checkpoint stores it (KV heads repeated for tensor parallel
     count once)."""
-    in_features, out_features = linear.weight.get_value().shape
-    repeat = linear.weight.get_metadata().get("kv_repeat")
+    in_features, out_features = linear.in_features, linear.out_features
+    repeat = linear.kv_repeat
     if repeat is not None:
         out_features //= repeat[0]
     return int(in_features), int(out_features)

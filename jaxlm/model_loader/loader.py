@@ -14,7 +14,6 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 from flax import nnx
 
@@ -24,13 +23,6 @@ from jaxlm.model_loader.formats import detect_load_format, find_gguf_file
 from jaxlm.model_loader.resolve import get_jax_dtype
 
 logger = logging.getLogger(__name__)
-
-_BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
-
-
-def _is_float(dtype: np.dtype) -> bool:
-    return dtype.kind == "f" or dtype == _BFLOAT16
-
 
 def get_model_class(model_config: ModelConfig) -> type:
     from jaxlm.models.registry import get_model_architecture
@@ -46,12 +38,15 @@ def get_model_class(model_config: ModelConfig) -> type:
 def init_abstract_model(model_config: ModelConfig, *, attn_backend: Any, mesh: Any = None,
                         enable_expert_parallel: bool = False) -> nnx.Module:
     """The model with abstract (ShapeDtypeStruct) parameters: nothing allocated yet."""
+    from jaxlm.models.quantization import get_quantization_config
+
     cls = get_model_class(model_config)
     dtype = get_jax_dtype(model_config)
+    quant_config = get_quantization_config(getattr(model_config, "quantization", None), model_config.hf_config)
     return nnx.eval_shape(
         lambda: cls(model_config.hf_config, dtype=dtype, attn_backend=attn_backend,
                     rngs=nnx.Rngs(model_config.seed), mesh=mesh, max_model_len=model_config.max_model_len,
-                    enable_expert_parallel=enable_expert_parallel)
+                    enable_expert_parallel=enable_expert_parallel, quant_config=quant_config)
     )
 
 
@@ -87,19 +82,19 @@ class BaseModelLoader(abc.ABC):
         return model
 
     def load_weights(self, model: nnx.Module, model_config: ModelConfig) -> None:
+        from jaxlm.models.quantization.model_quant import process_weights_after_loading
+
         source = str(model_config.model)
         current = [source]  # the file the tensor in flight came from
-        target = np.dtype(get_jax_dtype(model_config))
 
         def stream() -> Iterable[tuple[str, np.ndarray]]:
             from tqdm.auto import tqdm
 
+            # Each tensor is cast on the host by ``place`` to its Param's dtype (the model's, or a
+            # quantized format's: fp8 weights, float32 scales), one tensor at a time.
             for file, name, arr in tqdm(self.iterate_weights(model_config), total=self.count_weights(model_config),
                                         desc="Loading weights", unit="tensor", disable=None, leave=False):
                 current[0] = file
-                # Cast on the host, one tensor at a time, so placement is already in the final dtype.
-                if arr.dtype != target and _is_float(arr.dtype):
-                    arr = arr.astype(target)
                 yield name, arr
                 del arr  # not held while the next tensor is read
 
@@ -115,6 +110,8 @@ class BaseModelLoader(abc.ABC):
         still_abstract = abstract_leaves(model)
         if still_abstract:
             raise MissingWeightsError(source, still_abstract)
+        # Seed 003's order: quantization (repack, rescale, quantize online) after load_weights.
+        process_weights_after_loading(model)
 
 
 class DefaultModelLoader(BaseModelLoader):

@@ -24,28 +24,15 @@ from jax.sharding import Mesh, PartitionSpec
 from jaxlm.core.kv_cache_utils import KVCacheSpec
 from jaxlm.model_loader.errors import UnexpectedWeightError, WeightShapeError
 from jaxlm.models.layers import LMHead
-from jaxlm.models.utils import (
-    MODEL_AXIS, STAGE_AXIS, get_param_partition_spec, hf_shape, place, place_block, stage_mesh,
+from jaxlm.models.quantization.base_config import QuantizationConfig
+from jaxlm.models.quantization.model_quant import apply_quantization_config, quantizable_layers
+from jaxlm.models.utils import (  # noqa: F401  (WeightTarget: re-exported for the families)
+    MODEL_AXIS, STAGE_AXIS, WeightTarget, get_param_partition_spec, hf_shape, place, place_block, stage_mesh,
     to_param_layout)
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_SOURCE = "<checkpoint>"
-
-
-class WeightTarget:
-    """Where one HF tensor goes: a list of (Param, HF array -> Param array), and its HF shape.
-
-    ``starts``: the array is a block of each Param, written at these start indices (one
-    expert of a stacked ``[E, ...]`` Param); None: it is the whole Param."""
-
-    __slots__ = ("hf_shape", "parts", "starts")
-
-    def __init__(self, hf_shape: tuple[int, ...], parts: list[tuple[nnx.Variable, Callable[[np.ndarray], np.ndarray]]],
-                 starts: tuple[int, ...] | None = None):
-        self.hf_shape = tuple(hf_shape)
-        self.parts = parts
-        self.starts = starts
 
 
 def _path_name(path: tuple) -> str:
@@ -155,6 +142,7 @@ class CausalLMBase(nnx.Module):
         self, config: Any, *, dtype: jnp.dtype, attn_backend, rngs: nnx.Rngs, mesh: Mesh | None = None,
         enable_expert_parallel: bool = False,
         max_model_len: int | None = None,
+        quant_config: QuantizationConfig | None = None,
     ):
         # Static attributes (hashable, so the graphdef can key a jit cache).
         self.dtype = jnp.dtype(dtype)
@@ -178,6 +166,10 @@ class CausalLMBase(nnx.Module):
         # True when lm_head shares the token embedding (then no lm_head.weight is expected).
         self.tie_word_embeddings = bool(self.args.tie_word_embeddings)
         self.build(config, rngs)
+        # The quantization config's methods replace the float ones (models/quantization).
+        self.quant_config = quant_config
+        if quant_config is not None:
+            apply_quantization_config(self, quant_config, rngs)
         if self.tie_word_embeddings:
             self.lm_head = None
         else:
@@ -252,9 +244,17 @@ class CausalLMBase(nnx.Module):
         return False
 
     def _weight_targets(self) -> dict[str, WeightTarget]:
+        # Layers with a quantization method (Linear, the stacked experts) say how their tensors
+        # load; every other Param loads from the tensor of its own path name.
         targets: dict[str, WeightTarget] = {}
+        owned: set[int] = set()
+        for prefix, layer in quantizable_layers(self):
+            for name, target in layer.weight_targets(prefix).items():
+                owned.update(id(param) for param, _ in target.parts)
+                if not self._skip_by_path(name):
+                    targets[name] = target
         for path, node in nnx.iter_graph(self):
-            if isinstance(node, nnx.Param):
+            if isinstance(node, nnx.Param) and id(node) not in owned:
                 name = _path_name(path)
                 if self._skip_by_path(name):
                     continue
@@ -289,15 +289,16 @@ class CausalLMBase(nnx.Module):
                     continue
                 raise UnexpectedWeightError(source, raw_name)
             shape = tuple(np.shape(array))
-            if shape != target.hf_shape:
+            if not target.accepts(shape):
                 raise WeightShapeError(source, raw_name, target.hf_shape, shape)
             host = np.asarray(array)
             for param, fn in target.parts:
                 mesh = mesh_of.get(id(param), self.mesh)
+                dtype = param.get_value().dtype  # the model dtype, or a quantized format's own
                 if target.starts is None:
-                    place(param, fn(host), self.dtype, mesh)
+                    place(param, fn(host), dtype, mesh)
                 else:
-                    place_block(param, fn(host), target.starts, self.dtype, mesh)
+                    place_block(param, fn(host), target.starts, dtype, mesh)
             loaded.add(name)
             del array, host  # not held while the next tensor is read
         logger.debug("loaded %d tensors from %s", len(loaded), source)

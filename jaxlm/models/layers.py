@@ -13,7 +13,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxlm.models.utils import HF_AS_IS, HF_TRANSPOSE, MODEL_AXIS, make_param
+from jaxlm.models.quantization.base_config import LinearMethodBase
+from jaxlm.models.quantization.unquantized import UnquantizedLinearMethod
+from jaxlm.models.utils import (
+    HF_AS_IS, HF_TRANSPOSE, MODEL_AXIS, WeightTarget, hf_shape, make_param, to_param_layout)
 
 class ParallelStyle(enum.Enum):
     """How a Linear's weight [in, out] is split over the mesh's "model" axis (tensor parallel).
@@ -37,8 +40,12 @@ class ParallelStyle(enum.Enum):
 class Linear(nnx.Module):
     """y = x @ W (+ b), W [in, out]. ``hf_layout`` says how the checkpoint stores W.
 
-    ``lora``: the LoRA adapters' slots (jaxlm/lora/layers.py), installed after loading when the
-    engine serves adapters; it then runs the matmul with the adapters' delta added.
+    The weight's bytes and product belong to the layer's ``quant_method`` (float weights:
+    ``UnquantizedLinearMethod``; a quantization config swaps in its own method after the model
+    is built, ``models/quantization``). ``quantizable=False`` keeps a layer float whatever the
+    config (vLLM builds MoE routers without a quant config). ``lora``: the LoRA adapters' slots
+    (jaxlm/lora/layers.py), installed after loading when the engine serves adapters; they add
+    their delta around the method's product.
     """
 
     def __init__(
@@ -52,18 +59,41 @@ class Linear(nnx.Module):
         rngs: nnx.Rngs,
         hf_layout: str = HF_TRANSPOSE,
         kv_repeat: tuple[int, int] | None = None,
+        quantizable: bool = True,
     ):
-        parallel = ParallelStyle(parallel)
-        self.weight = make_param(rngs, (in_features, out_features), dtype, parallel.weight_spec,
-                                 hf_layout=hf_layout, kv_repeat=kv_repeat)
+        self.in_features, self.out_features = int(in_features), int(out_features)
+        self.parallel = ParallelStyle(parallel)
+        self.hf_layout = hf_layout
+        self.kv_repeat = kv_repeat
+        self.dtype = jnp.dtype(dtype)
+        self.quantizable = bool(quantizable)
+        self.quant_method: LinearMethodBase = UnquantizedLinearMethod()
+        self.quant_method.create_weights(self, rngs)
         self.bias = (
-            make_param(rngs, (out_features,), dtype, parallel.bias_spec, init="zeros", kv_repeat=kv_repeat)
+            make_param(rngs, (out_features,), dtype, self.parallel.bias_spec, init="zeros", kv_repeat=kv_repeat)
             if bias else None
         )
         self.lora = nnx.data(None)
 
+    def set_quant_method(self, method: LinearMethodBase, rngs: nnx.Rngs) -> None:
+        """Replace the weights with ``method``'s (the model is still abstract)."""
+        self.quant_method.remove_weights(self)
+        self.quant_method = method
+        method.create_weights(self, rngs)
+
+    def weight_targets(self, prefix: str) -> dict[str, WeightTarget]:
+        """Checkpoint name -> where it loads, for the method's tensors and the bias."""
+        targets = self.quant_method.weight_targets(self, prefix)
+        if self.bias is not None:
+            bias = self.bias
+            targets[f"{prefix}.bias"] = WeightTarget(hf_shape(bias), [(bias, lambda a: to_param_layout(bias, a))])
+        return targets
+
     def __call__(self, x: jax.Array) -> jax.Array:
-        y = x @ self.weight[...] if self.lora is None else self.lora(x, self.weight[...])
+        if self.lora is None:
+            y = self.quant_method.apply(self, x)
+        else:
+            y = self.lora(x, lambda: self.quant_method.apply(self, x))
         if self.bias is not None:
             y = y + self.bias[...]
         return y

@@ -13,9 +13,8 @@ from typing import Any, Callable
 
 from flax import nnx
 
-from jaxlm.models.base import WeightTarget
 from jaxlm.models.llama import LlamaArgs, LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP
-from jaxlm.models.moe import FusedMoE, MoEArgs, expert_weight_targets
+from jaxlm.models.moe import FusedMoE, MoEArgs
 from jaxlm.models.utils import MODEL_AXIS, stage_mesh
 
 
@@ -78,10 +77,3 @@ class LlamaMoEForCausalLM(LlamaForCausalLM):
         """The Llama layer with the MoE block on the sparse layers (a factory, not a class)."""
         return functools.partial(moe_decoder_layer, mesh=self._moe_mesh(),
                                  expert_parallel=self.enable_expert_parallel, attention_cls=self.attention_cls())
-
-    def _weight_targets(self) -> dict[str, WeightTarget]:
-        # The stacked expert Params are filled from HF's per-expert tensors, not by their own names.
-        experts, stacked = expert_weight_targets(self)
-        targets = {name: t for name, t in super()._weight_targets().items() if name not in stacked}
-        targets.update(experts)
-        return targets

@@ -26,14 +26,11 @@ from flax import nnx
 from jax import lax
 from jax.sharding import PartitionSpec as P
 
-from jaxlm.models.base import WeightTarget
 from jaxlm.models.layers import Linear, ParallelStyle, get_act_fn
-from jaxlm.models.moe_ops import combine, grouped_mlp, route, sort_by_expert
-from jaxlm.models.utils import MODEL_AXIS, get_param_partition_spec, make_param
-
-# HF per-expert tensor names, in the order of the stacked gate_up dim (gate 0, up 1).
-_GATE_UP = ("gate_proj", "up_proj")
-
+from jaxlm.models.moe_ops import combine, route, sort_by_expert
+from jaxlm.models.quantization.base_config import FusedMoEMethodBase
+from jaxlm.models.quantization.unquantized import UnquantizedFusedMoEMethod
+from jaxlm.models.utils import MODEL_AXIS, WeightTarget, get_param_partition_spec
 
 @dataclasses.dataclass(frozen=True)
 class MoEArgs:
@@ -90,28 +87,27 @@ class MoEArgs:
 
 
 class FusedExperts(nnx.Module):
-    """Every expert's gated MLP, stacked: ``gate_up_proj`` [E, hidden, 2, I] (gate, up) and
-    ``down_proj`` [E, I, hidden]. Split over ``model`` by experts (expert parallel) or by I."""
+    """Every expert's gated MLP, stacked; the Params and the grouped product belong to the
+    layer's ``quant_method`` (float: ``gate_up_proj`` [E, hidden, 2, I] (gate, up) and
+    ``down_proj`` [E, I, hidden]). Split over ``model`` by experts (expert parallel) or by I."""
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int, *, expert_parallel: bool,
                  dtype: jnp.dtype, rngs: nnx.Rngs):
-        ep = MODEL_AXIS if expert_parallel else None
-        tp = None if expert_parallel else MODEL_AXIS
-        self.gate_up_proj = make_param(rngs, (num_experts, hidden, 2, intermediate), dtype, (ep, None, None, tp))
-        self.down_proj = make_param(rngs, (num_experts, intermediate, hidden), dtype, (ep, tp, None))
+        self.num_experts, self.hidden_size, self.intermediate_size = int(num_experts), int(hidden), int(intermediate)
+        self.expert_parallel = bool(expert_parallel)
+        self.dtype = jnp.dtype(dtype)
+        self.quant_method: FusedMoEMethodBase = UnquantizedFusedMoEMethod()
+        self.quant_method.create_weights(self, rngs)
+
+    def set_quant_method(self, method: FusedMoEMethodBase, rngs: nnx.Rngs) -> None:
+        """Replace the stacked weights with ``method``'s (the model is still abstract)."""
+        self.quant_method.remove_weights(self)
+        self.quant_method = method
+        method.create_weights(self, rngs)
 
     def weight_targets(self, prefix: str) -> dict[str, WeightTarget]:
-        """HF's per-expert tensors ``{prefix}.{e}.{gate,up,down}_proj.weight`` ([out, in]), each
-        written into its expert's block of the stacked Params as it streams in."""
-        E, H, _, I = self.gate_up_proj.get_value().shape
-        targets: dict[str, WeightTarget] = {}
-        for e in range(E):
-            for j, name in enumerate(_GATE_UP):
-                targets[f"{prefix}.{e}.{name}.weight"] = WeightTarget(
-                    (I, H), [(self.gate_up_proj, lambda a: a.T[None, :, None, :])], starts=(e, 0, j, 0))
-            targets[f"{prefix}.{e}.down_proj.weight"] = WeightTarget(
-                (H, I), [(self.down_proj, lambda a: a.T[None])], starts=(e, 0, 0))
-        return targets
+        """HF's per-expert tensors (``{prefix}.{e}.{gate,up,down}_proj...``), as the method loads them."""
+        return self.quant_method.weight_targets(self, prefix)
 
 
 class FusedMoE(nnx.Module):
@@ -127,13 +123,14 @@ class FusedMoE(nnx.Module):
         # The mesh shard_map runs over (None: one device, or a "model" axis of 1).
         self.mesh = mesh if mesh is not None and mesh.shape.get(MODEL_AXIS, 1) > 1 else None
         self.expert_parallel = bool(expert_parallel)
+        # The routers stay float under any quantization (as vLLM builds them).
         self.gate = Linear(hidden, moe.num_experts, bias=False, parallel=ParallelStyle.REPLICATED, dtype=dtype,
-                           rngs=rngs)
+                           rngs=rngs, quantizable=False)
         self.experts = FusedExperts(moe.num_experts, hidden, moe.intermediate_size,
                                     expert_parallel=expert_parallel, dtype=dtype, rngs=rngs)
         self.shared_expert = shared_expert
         self.shared_expert_gate = (
-            Linear(hidden, 1, bias=False, parallel=ParallelStyle.REPLICATED, dtype=dtype, rngs=rngs)
+            Linear(hidden, 1, bias=False, parallel=ParallelStyle.REPLICATED, dtype=dtype, rngs=rngs, quantizable=False)
             if shared_expert is not None else None)
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -150,30 +147,20 @@ class FusedMoE(nnx.Module):
         sharded = self.mesh is not None
         ep = self.expert_parallel and sharded
 
-        def local(x, weights, ids, w_gate_up, w_down):
+        def local(x, weights, ids, *ws):
             order, es = sort_by_expert(ids)
             xs = x[order // self.top_k]
-            start = lax.axis_index(MODEL_AXIS) * w_gate_up.shape[0] if ep else 0
-            ys = grouped_mlp(xs, es, w_gate_up, w_down, jnp.asarray(start, jnp.int32), act)
+            # Every method's Params lead with the experts dim: this device's count of them.
+            start = lax.axis_index(MODEL_AXIS) * ws[0].shape[0] if ep else 0
+            ys = method.apply(self.experts, ws, xs, es, jnp.asarray(start, jnp.int32), act)
             out = combine(ys, order, weights).astype(x.dtype)
             return lax.psum(out, MODEL_AXIS) if sharded else out
 
-        params = (self.experts.gate_up_proj[...], self.experts.down_proj[...])
+        method = self.experts.quant_method
+        variables = method.weights(self.experts)
+        params = tuple(v[...] for v in variables)
         if not sharded:
             return local(x, weights, ids, *params)
-        specs = tuple(get_param_partition_spec(p) for p in (self.experts.gate_up_proj, self.experts.down_proj))
+        specs = tuple(get_param_partition_spec(v) for v in variables)
         return jax.shard_map(local, mesh=self.mesh, in_specs=(P(), P(), P(), *specs), out_specs=P(),
                              check_vma=False)(x, weights, ids, *params)
-
-
-def expert_weight_targets(model: nnx.Module) -> tuple[dict[str, WeightTarget], set[str]]:
-    """Per-expert HF targets of every ``FusedExperts`` in ``model``, and the nnx path names of
-    the stacked Params they fill (not loaded by their own names)."""
-    targets: dict[str, WeightTarget] = {}
-    stacked: set[str] = set()
-    for path, node in nnx.iter_graph(model):
-        if isinstance(node, FusedExperts):
-            prefix = ".".join(str(p) for p in path)
-            targets.update(node.weight_targets(prefix))
-            stacked.update({f"{prefix}.gate_up_proj", f"{prefix}.down_proj"})
-    return targets, stacked

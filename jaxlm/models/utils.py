@@ -9,7 +9,7 @@ under ``nnx.eval_shape``); the loader applies it when it places the real array.
 from __future__ import annotations
 
 import functools
-from typing import Sequence
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +26,27 @@ STAGE_AXIS = "stage"
 # HF-layout transforms a Param may ask for when it is loaded (Param metadata ``hf_layout``).
 HF_AS_IS = "as_is"
 HF_TRANSPOSE = "transpose"  # torch nn.Linear [out, in] -> ours [in, out]
+
+
+class WeightTarget:
+    """Where one HF tensor goes: a list of (Param, HF array -> Param array), and its HF shape.
+
+    ``starts``: the array is a block of each Param, written at these start indices (one
+    expert of a stacked ``[E, ...]`` Param); None: it is the whole Param. ``alt_shapes``: other
+    shapes the checkpoint may store it in (a scale as ``[]`` or ``[1]``)."""
+
+    __slots__ = ("hf_shape", "parts", "starts", "alt_shapes")
+
+    def __init__(self, hf_shape: tuple[int, ...], parts: list[tuple[nnx.Variable, Callable[[np.ndarray], np.ndarray]]],
+                 starts: tuple[int, ...] | None = None, alt_shapes: tuple[tuple[int, ...], ...] = ()):
+        self.hf_shape = tuple(hf_shape)
+        self.parts = parts
+        self.starts = starts
+        self.alt_shapes = tuple(tuple(s) for s in alt_shapes)
+
+    def accepts(self, shape: tuple[int, ...]) -> bool:
+        return shape == self.hf_shape or shape in self.alt_shapes
+
 
 
 def make_param(

@@ -1,0 +1,51 @@
+"""Which ``QuantizationConfig`` a model gets: ``--quantization`` or the checkpoint's
+``quantization_config.quant_method`` (vLLM's rule: both given must agree)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from jaxlm.models.quantization.base_config import QuantizationConfig
+
+logger = logging.getLogger(__name__)
+
+
+def quantization_methods() -> dict[str, type[QuantizationConfig]]:
+    """Every supported format by its vLLM name."""
+    return {}
+
+
+def _checkpoint_quant_config(hf_config: Any) -> dict[str, Any] | None:
+    raw = getattr(hf_config, "quantization_config", None)
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):  # transformers may hold it as a QuantizationConfigMixin
+        raw = raw.to_dict() if hasattr(raw, "to_dict") else dict(vars(raw))
+    return dict(raw)
+
+
+def _unsupported(name: str, where: str) -> ValueError:
+    supported = ", ".join(sorted(quantization_methods())) or "none"
+    return ValueError(f"{where} quantization method {name!r} is not supported by jaxlm; supported: {supported}")
+
+
+def get_quantization_config(quantization: str | None, hf_config: Any) -> QuantizationConfig | None:
+    """The model's config, or None for float weights."""
+    methods = quantization_methods()
+    checkpoint = _checkpoint_quant_config(hf_config)
+    if checkpoint is not None:
+        name = str(checkpoint.get("quant_method", "")).lower().replace("_", "-")
+        if not name:
+            raise ValueError("the checkpoint's quantization_config has no quant_method")
+        if quantization is not None and quantization != name:
+            raise ValueError(f"--quantization {quantization} does not match the checkpoint's quantization "
+                             f"method {name!r}: leave --quantization out, or pass {name}")
+        if name not in methods:
+            raise _unsupported(name, "the checkpoint's")
+        return methods[name].from_config(checkpoint)
+    if quantization is None:
+        return None
+    if quantization not in methods:
+        raise _unsupported(quantization, "--quantization")
+    return methods[quantization].from_config({})

@@ -1,0 +1,68 @@
+"""The float weights: one method among the others (vLLM's ``UnquantizedLinearMethod`` and
+``UnquantizedFusedMoEMethod``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+from flax import nnx
+
+from jaxlm.models.moe_ops import grouped_mlp
+from jaxlm.models.quantization.base_config import FusedMoEMethodBase, LinearMethodBase
+from jaxlm.models.utils import MODEL_AXIS, WeightTarget, make_param
+
+# HF per-expert tensor names, in the order of the stacked gate_up dim (gate 0, up 1).
+EXPERT_GATE_UP = ("gate_proj", "up_proj")
+
+
+@dataclasses.dataclass(frozen=True)
+class UnquantizedLinearMethod(LinearMethodBase):
+    """``weight`` [in, out] in the model dtype."""
+
+    param_names = ("weight",)
+
+    def create_weights(self, layer: nnx.Module, rngs: nnx.Rngs) -> None:
+        layer.weight = make_param(rngs, (layer.in_features, layer.out_features), layer.dtype,
+                                  layer.parallel.weight_spec, hf_layout=layer.hf_layout, kv_repeat=layer.kv_repeat)
+
+    def apply(self, layer: nnx.Module, x: jax.Array) -> jax.Array:
+        return x @ layer.weight[...]
+
+
+def expert_specs(layer: nnx.Module) -> tuple[str | None, str | None]:
+    """(experts axis, intermediate axis) of a FusedExperts: split by experts under expert
+    parallel, else by the intermediate size."""
+    return (MODEL_AXIS, None) if layer.expert_parallel else (None, MODEL_AXIS)
+
+
+@dataclasses.dataclass(frozen=True)
+class UnquantizedFusedMoEMethod(FusedMoEMethodBase):
+    """``gate_up_proj`` [E, hidden, 2, I] (gate, up) and ``down_proj`` [E, I, hidden]."""
+
+    param_names = ("gate_up_proj", "down_proj")
+
+    def create_weights(self, layer: nnx.Module, rngs: nnx.Rngs) -> None:
+        E, H, I = layer.num_experts, layer.hidden_size, layer.intermediate_size
+        ep, tp = expert_specs(layer)
+        layer.gate_up_proj = make_param(rngs, (E, H, 2, I), layer.dtype, (ep, None, None, tp))
+        layer.down_proj = make_param(rngs, (E, I, H), layer.dtype, (ep, tp, None))
+
+    def weight_targets(self, layer: nnx.Module, prefix: str) -> dict[str, WeightTarget]:
+        """HF's per-expert tensors ``{prefix}.{e}.{gate,up,down}_proj.weight`` ([out, in]), each
+        written into its expert's block of the stacked Params as it streams in."""
+        E, H, I = layer.num_experts, layer.hidden_size, layer.intermediate_size
+        targets: dict[str, WeightTarget] = {}
+        for e in range(E):
+            for j, name in enumerate(EXPERT_GATE_UP):
+                targets[f"{prefix}.{e}.{name}.weight"] = WeightTarget(
+                    (I, H), [(layer.gate_up_proj, lambda a: a.T[None, :, None, :])], starts=(e, 0, j, 0))
+            targets[f"{prefix}.{e}.down_proj.weight"] = WeightTarget(
+                (H, I), [(layer.down_proj, lambda a: a.T[None])], starts=(e, 0, 0))
+        return targets
+
+    def apply(self, layer: nnx.Module, weights: tuple[jax.Array, ...], xs: jax.Array, expert_ids: jax.Array,
+              first_expert: jax.Array, act: Any) -> jax.Array:
+        w_gate_up, w_down = weights
+        return grouped_mlp(xs, expert_ids, w_gate_up, w_down, first_expert, act)
