@@ -6,7 +6,8 @@ import dataclasses
 import os
 from typing import Any
 
-from jaxlm.config.utils import DTYPE_ALIASES, DTYPES, arg, human_readable_int, parse_json_object
+from jaxlm.config.utils import (
+    DTYPE_ALIASES, DTYPES, QUANTIZATION_METHODS, arg, human_readable_int, parse_json_object)
 
 
 @dataclasses.dataclass
@@ -24,6 +25,10 @@ class ModelConfig:
                                          "(its own model classes and HF fast tokenizers only)")
     dtype: str = arg("auto", "weights and activations dtype (auto: float32 on CPU, the checkpoint's on GPU; "
                              "half = float16, float = float32)", choices=DTYPES)
+    quantization: str | None = arg(None, "weight quantization: gguf keeps a GGUF file's Q8_0 / Q4_0 / Q4_1 tensors "
+                                         "in their blocks and multiplies them with C++ kernels on CPU (the default "
+                                         "for a .gguf model); none dequantizes every tensor to float at load",
+                                   choices=QUANTIZATION_METHODS)
     max_model_len: int | None = arg(None, "longest prompt + output in tokens; 32k = 32000, 32K = 32768 "
                                           "(default: the model's, capped at 2048 on CPU)", parse=human_readable_int)
     seed: int = arg(0, "engine seed for requests without their own")
@@ -40,11 +45,16 @@ class ModelConfig:
                                      "so True is refused")
     # Filled by jaxlm.model_loader.resolve_model_config(): the transformers config.
     hf_config: Any = None
+    # Filled once the model is loaded: the bytes its weights take on the devices (quantized
+    # weights in their own bytes), for the start-up log and /metrics.
+    weight_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"Unknown dtype {self.dtype!r}; choose one of {', '.join(DTYPES)}")
         self.dtype = DTYPE_ALIASES.get(self.dtype, self.dtype)
+        if self.quantization is not None and self.quantization not in QUANTIZATION_METHODS:
+            raise ValueError(f"Unknown quantization {self.quantization!r}; supported: {', '.join(QUANTIZATION_METHODS)}")
         if self.max_model_len is not None and self.max_model_len <= 0:
             raise ValueError(f"max_model_len must be positive, got {self.max_model_len}")
         if self.enforce_eager:

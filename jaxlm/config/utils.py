@@ -17,6 +17,9 @@ DTYPES = ("auto", "float32", "bfloat16", "float16", *DTYPE_ALIASES)
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "orbax")
 ATTENTION_BACKENDS = ("auto", "xla", "pallas", "cpu")
 SCHEDULING_POLICIES = ("fcfs", "priority")
+# vLLM's --quantization names jaxlm serves (jaxlm/models/quantization/registry.py holds the configs).
+# "none": a GGUF file's blocks dequantized to float at load (the float path, for A/B runs).
+QUANTIZATION_METHODS = ("gguf", "none")
 
 
 def jaxlm_cache_root() -> str | None:

@@ -25,7 +25,6 @@ ChatMessages = list[dict[str, Any]]
 _VLLM_FIXED_ARGS: dict[str, tuple[Any, str]] = {
     "tokenizer_mode": ("auto", "jaxlm loads HF fast tokenizers only"),
     "tokenizer_revision": (None, "pass a tokenizer directory as tokenizer="),
-    "quantization": (None, "jaxlm has no quantized kernels (a GGUF file is dequantized when loaded)"),
     "kv_cache_dtype": ("auto", "the KV cache is kept in the model's dtype"),
     "enable_chunked_prefill": (True, "jaxlm always chunks prefills into the step budget"),
     "cpu_offload_gb": (0, "jaxlm does not offload weights"),

@@ -100,12 +100,25 @@ def resolve_model_config(model_config: ModelConfig, load_config: LoadConfig) -> 
         hf_config=hf_config,
         dtype=resolve_dtype(model_config.dtype, hf_config),
         max_model_len=resolve_max_model_len(model_config.max_model_len, hf_config),
+        quantization=model_config.quantization or checkpoint_quant_method(hf_config),
     )
     logger.info(
-        "model %s (%s, %s): dtype %s, max_model_len %d",
+        "model %s (%s, %s): dtype %s, max_model_len %d, quantization %s",
         path, load_format, type(hf_config).__name__, resolved.dtype, resolved.max_model_len,
+        resolved.quantization or "none",
     )
     return resolved
+
+
+def checkpoint_quant_method(hf_config: Any) -> str | None:
+    """The ``quant_method`` of a checkpoint's ``quantization_config`` (vLLM's spelling), if any;
+    checked against the supported ones when the model is built (models/quantization/registry.py)."""
+    raw = getattr(hf_config, "quantization_config", None)
+    if raw is None:
+        return None
+    method = raw.get("quant_method") if isinstance(raw, dict) else getattr(raw, "quant_method", None)
+    method = getattr(method, "value", method)  # transformers may hold an enum
+    return str(method).lower().replace("_", "-") if method else None
 
 
 def get_jax_dtype(model_config: ModelConfig) -> Any:

@@ -56,7 +56,7 @@ def test_llama_gguf_matches_reference(tiny_llama_dir, tmp_path, quant):
     cfg = transformers.AutoConfig.from_pretrained(tiny_llama_dir)
     path = str(tmp_path / f"tiny-{quant.name}.gguf")
     ref = write_gguf(tiny_llama_dir, path, cfg, quant)
-    model = load(path)
+    model = load(path, quantization="none")  # the dequantizer (blocks: test_gguf_blocks.py)
     hf = hf_tensors(tiny_llama_dir)
     for name, want in ref.items():
         got = param_as_hf(model, name)
@@ -75,7 +75,7 @@ def test_qwen2_gguf_is_not_permuted(tmp_path):
     ref = write_gguf(d, path, cfg, F32, arch="qwen2")
     mc = resolve_model_config(ModelConfig(model=path), LoadConfig())
     assert type(mc.hf_config).__name__ == "Qwen2Config"
-    model = load(path)
+    model = load(path, quantization="none")  # the dequantizer (blocks: test_gguf_blocks.py)
     hf = hf_tensors(d)
     for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.1.self_attn.k_proj.bias"):
         np.testing.assert_array_equal(param_as_hf(model, name), hf[name])
@@ -109,7 +109,7 @@ def test_export_gguf_to_safetensors(tiny_gguf, tmp_path):
     hf = transformers.AutoModelForCausalLM.from_pretrained(out)
     name = "model.layers.1.self_attn.k_proj.weight"
     np.testing.assert_array_equal(hf.state_dict()[name].numpy(), ref[name])
-    model = load(out)
+    model = load(out, quantization="none")  # the dequantizer (blocks: test_gguf_blocks.py)
     for name, want in ref.items():
         np.testing.assert_array_equal(param_as_hf(model, name), want, err_msg=name)
 
@@ -195,7 +195,7 @@ def test_phi3_gguf_fused_tensors_and_longrope(tmp_path):
         assert (a.theta, a.rope_type, a.rotary_dim) == (b.theta, b.rope_type, 8)
         np.testing.assert_allclose(dict(a.fields)["ext_factors"], dict(b.fields)["ext_factors"], rtol=1e-7)
         assert a.mscale == pytest.approx(b.mscale, rel=1e-7)
-    model = load(path)
+    model = load(path, quantization="none")  # the dequantizer (blocks: test_gguf_blocks.py)
     hf = hf_tensors(d)
     q, kv = 64, 16  # 4 query heads and 1 KV head of 16
     qkv, gate_up = hf["model.layers.1.self_attn.qkv_proj.weight"], hf["model.layers.1.mlp.gate_up_proj.weight"]

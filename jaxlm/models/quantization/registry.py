@@ -13,7 +13,9 @@ logger = logging.getLogger(__name__)
 
 def quantization_methods() -> dict[str, type[QuantizationConfig]]:
     """Every supported format by its vLLM name."""
-    return {}
+    from jaxlm.models.quantization.gguf import GGUFConfig
+
+    return {c.get_name(): c for c in (GGUFConfig,)}
 
 
 def _checkpoint_quant_config(hf_config: Any) -> dict[str, Any] | None:
@@ -31,9 +33,14 @@ def _unsupported(name: str, where: str) -> ValueError:
 
 
 def get_quantization_config(quantization: str | None, hf_config: Any) -> QuantizationConfig | None:
-    """The model's config, or None for float weights."""
+    """The model's config, or None for float weights (``none``: a GGUF file dequantized)."""
     methods = quantization_methods()
     checkpoint = _checkpoint_quant_config(hf_config)
+    if quantization == "none":
+        if checkpoint is not None and checkpoint.get("quant_method") != "gguf":
+            raise ValueError(f"--quantization none dequantizes GGUF files only; this checkpoint is "
+                             f"{checkpoint.get('quant_method')!r}: leave --quantization out")
+        return None
     if checkpoint is not None:
         name = str(checkpoint.get("quant_method", "")).lower().replace("_", "-")
         if not name:
