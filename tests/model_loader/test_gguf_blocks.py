@@ -124,7 +124,7 @@ def test_llm_quantization_flag(tiny_tied, tmp_path):
     sp = SamplingParams(max_tokens=6, temperature=0.0)
     nbytes = {}
     for quantization in (None, "none"):
-        llm = LLM(model=path, quantization=quantization, **engine)
+        llm = LLM(model=path, tokenizer=tiny_tied, quantization=quantization, **engine)
         out = llm.generate([{"prompt_token_ids": [5, 6, 7, 8]}], sp, use_tqdm=False)
         assert len(out[0].outputs[0].token_ids) == 6
         params = llm.llm_engine.get_model_runner().params
