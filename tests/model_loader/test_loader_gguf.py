@@ -144,7 +144,7 @@ def test_k_quant_bytes_dequantize_like_gguf(tmp_path, qtype):
 def _fake_reader(fields: dict, tensor_names=("token_embd.weight",)):
     import types
 
-    return types.SimpleNamespace(fields=fields, tensors=[types.SimpleNamespace(name=n) for n in tensor_names])
+    return types.SimpleNamespace(fields=fields, tensors=[types.SimpleNamespace(name=n, qtype=8) for n in tensor_names])
 
 
 _QWEN2_FIELDS = {
@@ -160,6 +160,8 @@ def test_config_table_defaults_and_per_arch_fields():
     assert cfg["architectures"] == ["Qwen2ForCausalLM"] and cfg["model_type"] == "qwen2"
     assert (cfg["num_key_value_heads"], cfg["max_position_embeddings"], cfg["rms_norm_eps"]) == (4, 2048, 1e-6)
     assert cfg["tie_word_embeddings"] is True and "head_dim" not in cfg and "attention_bias" not in cfg
+    # every tensor's GGML type, for --quantization gguf (8: Q8_0)
+    assert cfg["quantization_config"] == {"quant_method": "gguf", "tensor_types": {"model.embed_tokens.weight": 8}}
     llama = {k.replace("qwen2.", "llama."): v for k, v in _QWEN2_FIELDS.items()}
     llama["general.architecture"] = "llama"
     cfg = gguf_config_dict(_fake_reader(llama, ("output.weight", "blk.0.attn_q.bias")), "x.gguf")

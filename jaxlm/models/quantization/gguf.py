@@ -112,6 +112,7 @@ class GGUFConfig(QuantizationConfig):
 
     tensor_types: tuple[tuple[str, int], ...] = ()
     kernel_types: frozenset[int] = frozenset()
+    quantizes_embeddings = True
 
     @classmethod
     def get_name(cls) -> str:
