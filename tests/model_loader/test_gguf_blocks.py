@@ -3,10 +3,10 @@ against the same file dequantized to float (``--quantization none``).
 
 A tiny Llama (tied embedding, so the LM head runs through the kernel too) is written by the
 ``gguf`` package's quantizer for each kernel type. Both models run the same teacher-forced
-tokens: a prefill of three prompts in one 48-token step (the kernel's many-rows path: f32 tiles),
-then 20 decode steps of 4 rows (the few-rows path: activations rounded to int8 per block of 32,
-as llama.cpp does). Tolerances, as fractions of the float model's logit range at a position:
-  * prefill: within 1e-4 (seen: 0, XLA and the kernel sum in the same order here);
+tokens: a prefill of three prompts in one 48-token step (many rows: XLA's dot on the weight
+dequantized in XLA), then 20 decode steps of 4 rows (the C++ kernel: activations rounded to int8
+per block of 32, as llama.cpp does). Tolerances, as fractions of the float model's logit range at a position:
+  * prefill: within 1e-4 (seen: 0: the same dot on the same float weights);
   * decode: within 5% (seen: <= 3.5%); next-token top-1 agrees at >= 99% of the positions whose
     float top-1 leads the runner-up by more than 5% of the range (seen: 100%) and at >= 90% of
     all (seen: 97-100%: a random model's top two logits are often nearly tied, and int8 rounding

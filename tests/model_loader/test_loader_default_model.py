@@ -71,9 +71,9 @@ _TEXT = ("The history of the printing press begins in the fifteenth century, whe
 
 def test_gguf_block_decode_agrees_with_the_dequantized_weights():
     """The default model's weights stay in their Q4_1 / Q8_0 blocks (--quantization gguf). On real
-    text, teacher-forced: one step of 72 tokens (the kernel's many-rows path, f32 tiles: the
-    dequantized model's numbers, tests/model_loader/test_gguf_blocks.py) against the same tokens
-    fed one a step (the decode path: activations rounded to int8 per 32, as llama.cpp does).
+    text, teacher-forced: one step of 72 tokens (many rows: XLA's dot on the weights dequantized,
+    the dequantized model's numbers, tests/model_loader/test_gguf_blocks.py) against the same
+    tokens fed one a step (the C++ kernel: activations rounded to int8 per 32, as llama.cpp does).
     Next-token top-1 agrees at >= 99% of the positions (seen: 100%), and the logits within 6% of
     their range (seen: 3.6% at the worst position)."""
     from tests.helpers.paged_batch import PagedBatchBuilder, make_kv_caches

@@ -5,8 +5,10 @@ A GGUF file's config carries ``quantization_config = {"quant_method": "gguf", "t
 asking. Each ``Linear`` and the token ``Embedding`` whose tensor is Q8_0, Q4_0 or Q4_1 holds the
 file's bytes as ``qweight`` [out, in / 32 * block bytes] uint8 (3.8-7.1x fewer bytes than float32,
 so a decode step streams that much less) and multiplies through the C++ kernel
-(kernels_cpu/gguf_matmul.cc) inside the compiled step; the embedding gathers its rows' blocks and
-dequantizes them in XLA, and a tied LM head goes through the kernel. Any other type (K-quants,
+(kernels_cpu/gguf_matmul.cc) inside the compiled step when few rows go through (decode), or
+through XLA's dot on the weight dequantized in XLA when many do (prefill: ``gguf_product``); the
+embedding gathers its rows' blocks and dequantizes them in XLA, and a tied LM head goes through
+the same product. Any other type (K-quants,
 F16, ...) has no kernel: the loader dequantizes it to float at load (one log line names them).
 Without the C++ kernels (no compiler, or not XLA:CPU) every tensor is dequantized, as with
 ``--quantization none``.
@@ -17,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 from typing import Any
 
 import jax
@@ -25,7 +28,7 @@ from flax import nnx
 
 from jaxlm.models.quantization.base_config import LinearMethodBase, QuantizationConfig, QuantizeMethodBase
 from jaxlm.models.utils import MODEL_AXIS, WeightTarget, make_param
-from kernels_cpu.gguf_matmul import GGUF_KERNEL_TYPES, QK, gguf_dequantize_rows, gguf_matmul_cpu
+from kernels_cpu.gguf_matmul import F32_MIN_ROWS, GGUF_KERNEL_TYPES, QK, gguf_dequantize_rows, gguf_matmul_cpu
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +57,19 @@ def _blocks_param(rngs: nnx.Rngs, rows: int, k: int, qtype: int, spec: tuple[str
     return make_param(rngs, (rows, k // QK * size), jnp.uint8, spec, init="zeros")
 
 
+def gguf_product(x: jax.Array, qweight: jax.Array, qtype: int) -> jax.Array:
+    """x [..., K] @ W^T -> [..., N] f32, W in blocks. A few rows (decode): the C++ kernel on int8
+    activations, streaming the blocks. Many rows (prefill, F32_MIN_ROWS+): XLA's dot on W
+    dequantized in XLA, x as given; the kernel's own f32 tiles measured 2-2.7x slower than
+    XLA's dot at 512 rows (docs/PERF_NOTES.md, session 9)."""
+    rows = math.prod(x.shape[:-1])
+    if rows < F32_MIN_ROWS:
+        return gguf_matmul_cpu(x, qweight, qtype, f32_min_rows=0)
+    w = gguf_dequantize_rows(qweight, qtype)
+    return jax.lax.dot_general(x.astype(jnp.float32), w, (((x.ndim - 1,), (1,)), ((), ())),
+                               preferred_element_type=jnp.float32)
+
+
 def _blocks_target(layer: nnx.Module, prefix: str) -> dict[str, WeightTarget]:
     """The checkpoint's ``{prefix}.weight``, as the loader yields it in blocks, into ``qweight``."""
     q = layer.qweight
@@ -79,7 +95,7 @@ class GGUFLinearMethod(LinearMethodBase):
         return _blocks_target(layer, prefix)
 
     def apply(self, layer: nnx.Module, x: jax.Array) -> jax.Array:
-        return gguf_matmul_cpu(x, layer.qweight[...], self.qtype).astype(x.dtype)
+        return gguf_product(x, layer.qweight[...], self.qtype).astype(x.dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,7 +118,7 @@ class GGUFEmbeddingMethod(QuantizeMethodBase):
         return gguf_dequantize_rows(rows, self.qtype).astype(layer.dtype)
 
     def attend(self, layer: nnx.Module, x: jax.Array) -> jax.Array:
-        return gguf_matmul_cpu(x, layer.qweight[...], self.qtype)
+        return gguf_product(x, layer.qweight[...], self.qtype)
 
 
 @dataclasses.dataclass(frozen=True)
