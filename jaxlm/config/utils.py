@@ -18,8 +18,9 @@ LOAD_FORMATS = ("auto", "safetensors", "gguf", "orbax")
 ATTENTION_BACKENDS = ("auto", "xla", "pallas", "cpu")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 # vLLM's --quantization names jaxlm serves (jaxlm/models/quantization/registry.py holds the configs).
-# "none": a GGUF file's blocks dequantized to float at load (the float path, for A/B runs).
-QUANTIZATION_METHODS = ("gguf", "none")
+# gguf: a GGUF file's block types kept as they are; "none" (jaxlm's, not vLLM's): a GGUF file
+# dequantized to float at load (the float path, for A/B runs).
+QUANTIZATION_METHODS = ("fp8", "awq", "gptq", "compressed-tensors", "gguf", "none")
 
 
 def jaxlm_cache_root() -> str | None:

@@ -232,7 +232,8 @@ class EngineCoreProc:
             output_socket.send_multipart([MSG_FAILED, encoder.encode((engine_index, type(e).__name__, str(e)))])
             output_socket.close(linger=5000)
             sys.exit(1)
-        ready = EngineCoreReady(engine_index, int(config.cache_config.num_gpu_blocks))
+        ready = EngineCoreReady(engine_index, int(config.cache_config.num_gpu_blocks),
+                                int(config.model_config.weight_bytes or 0))
         output_socket.send_multipart([MSG_READY, encoder.encode(ready)])
         proc = EngineCoreProc(core, input_socket, output_socket, parent_pid)
         try:

@@ -212,6 +212,7 @@ class SyncMPClient(EngineCoreClient):
                 waiting.discard(ready.engine_index)
                 self.cores[ready.engine_index].last_heard = time.monotonic()
                 num_blocks.append(ready.num_gpu_blocks)
+                config.model_config.weight_bytes = ready.model_weight_bytes or None
         config.cache_config.num_gpu_blocks = min(num_blocks)
         logger.info("%d engine core process(es) ready (pids %s)", len(self.cores),
                     ", ".join(str(c.process.pid) for c in self.cores))

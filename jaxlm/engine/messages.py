@@ -73,6 +73,7 @@ class EngineCoreReady(msgspec.Struct, array_like=True):
 
     engine_index: int
     num_gpu_blocks: int
+    model_weight_bytes: int = 0
 
 
 def _enc_hook(obj: Any) -> Any:

@@ -70,7 +70,8 @@ class LLM:
         engine = self.llm_engine
         registry = CollectorRegistry()
         registry.register(EngineStatsCollector(str(engine.model_config.model), engine.get_stats,
-                                               cache_config_info(engine.engine_config.cache_config)))
+                                               cache_config_info(engine.engine_config.cache_config),
+                                               engine.engine_config.model_config))
         return get_metrics_snapshot(registry)
 
     def get_default_sampling_params(self) -> SamplingParams:

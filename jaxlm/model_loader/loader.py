@@ -182,6 +182,12 @@ class OrbaxModelLoader(BaseModelLoader):
                    enable_expert_parallel: bool = False) -> nnx.Module:
         from jaxlm.model_loader.orbax_utils import restore_orbax
 
+        if model_config.quantization is not None:
+            # A quantized model's Params change after loading (process_weights_after_loading),
+            # so a saved state would not restore into the model as built: not supported.
+            raise UnsupportedModelError(str(model_config.model), f"orbax checkpoints of quantized models "
+                                        f"({model_config.quantization}) are not supported; serve the "
+                                        "safetensors checkpoint")
         t0 = time.perf_counter()
         model = init_abstract_model(model_config, attn_backend=attn_backend, mesh=mesh,
                                     enable_expert_parallel=enable_expert_parallel)

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxlm.config import LoadConfig, ModelConfig
+from jaxlm.config.utils import QUANTIZATION_METHODS
 from jaxlm.model_loader.errors import CorruptCheckpointError, NoWeightsError
 from jaxlm.model_loader.formats import default_model_path, detect_load_format, find_gguf_file, model_dir
 from jaxlm.model_loader.hf_cache import resolve_model_path
@@ -118,7 +119,13 @@ def checkpoint_quant_method(hf_config: Any) -> str | None:
         return None
     method = raw.get("quant_method") if isinstance(raw, dict) else getattr(raw, "quant_method", None)
     method = getattr(method, "value", method)  # transformers may hold an enum
-    return str(method).lower().replace("_", "-") if method else None
+    if not method:
+        return None
+    name = str(method).lower().replace("_", "-")
+    if name not in QUANTIZATION_METHODS:
+        raise ValueError(f"the checkpoint's quantization method {name!r} is not supported by jaxlm; "
+                         f"supported: {', '.join(sorted(QUANTIZATION_METHODS))}")
+    return name
 
 
 def get_jax_dtype(model_config: ModelConfig) -> Any:

@@ -12,7 +12,7 @@ import json
 import os
 from collections.abc import Iterator
 
-import ml_dtypes  # noqa: F401  (registers numpy's "bfloat16", which safetensors' numpy reader asks for)
+import ml_dtypes  # also registers numpy's "bfloat16", which safetensors' numpy reader asks for
 import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
@@ -20,8 +20,7 @@ from safetensors.numpy import save_file
 from jaxlm.model_loader.errors import CorruptCheckpointError, NoWeightsError, UnsupportedDtypeError
 from jaxlm.model_loader.formats import SAFETENSORS_INDEX
 
-# Safetensors dtypes read as numpy arrays (float8 has no numpy reader in safetensors, and FP8
-# checkpoints need their scales anyway).
+# Safetensors dtypes read as numpy arrays.
 _NUMPY_DTYPES: dict[str, np.dtype] = {
     "F64": np.dtype(np.float64),
     "F32": np.dtype(np.float32),
@@ -33,6 +32,12 @@ _NUMPY_DTYPES: dict[str, np.dtype] = {
     "I8": np.dtype(np.int8),
     "U8": np.dtype(np.uint8),
     "BOOL": np.dtype(np.bool_),
+}
+# fp8 (quantized checkpoints' weights): safetensors' numpy reader has no float8 type, so these
+# are read from the file's bytes (ml_dtypes' types), by the header's offsets.
+_RAW_DTYPES: dict[str, np.dtype] = {
+    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
 }
 _HEADER_ERROR_PREFIX = "Error while deserializing header: "
 
@@ -82,7 +87,7 @@ def _checked_names(path: str, f) -> list[str]:
     names = list(f.offset_keys())
     for name in names:
         dtype = f.get_slice(name).get_dtype()
-        if dtype not in _NUMPY_DTYPES:
+        if dtype not in _NUMPY_DTYPES and dtype not in _RAW_DTYPES:
             raise UnsupportedDtypeError(path, name, dtype)
     return names
 
@@ -96,13 +101,38 @@ def tensor_names(path: str) -> list[str]:
 def iterate_safetensors_file(path: str) -> Iterator[tuple[str, np.ndarray]]:
     """Tensors of one file in file order, each read into its own fresh array (one host copy)."""
     with _open(path) as f:
+        raw = None
         for name in _checked_names(path, f):
             try:
-                arr = f.get_tensor(name)
+                if f.get_slice(name).get_dtype() in _RAW_DTYPES:
+                    raw = raw if raw is not None else _RawTensors(path)
+                    arr = raw.read(name)
+                else:
+                    arr = f.get_tensor(name)
             except SafetensorError as e:
                 raise CorruptCheckpointError(path, f"tensor {name!r}: {e}") from e
             yield name, arr
             del arr  # the next tensor is read while the consumer has dropped this one
+
+
+class _RawTensors:
+    """Tensors of one (already validated) file read from its bytes by the header's offsets."""
+
+    def __init__(self, path: str):
+        self.path = path
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            self.header = json.loads(f.read(n))
+        self.data_start = 8 + n
+
+    def read(self, name: str) -> np.ndarray:
+        entry = self.header[name]
+        begin, end = entry["data_offsets"]
+        dtype = _RAW_DTYPES[entry["dtype"]]
+        with open(self.path, "rb") as f:
+            f.seek(self.data_start + begin)
+            buf = f.read(end - begin)
+        return np.frombuffer(buf, dtype=np.uint8).copy().view(dtype).reshape(entry["shape"])
 
 
 def write_safetensors(path: str, tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> None:

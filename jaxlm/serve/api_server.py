@@ -79,7 +79,8 @@ def init_app_state(engine: AsyncLLMEngine, state: Any, args: argparse.Namespace)
     state.max_model_len = max_model_len
     state.metrics = ServerMetrics(names[0], max_model_len, engine.get_stats,
                                   cache_config_info(engine.engine_config.cache_config),
-                                  num_engines=engine.engine_config.parallel_config.data_parallel_size)
+                                  num_engines=engine.engine_config.parallel_config.data_parallel_size,
+                                  model_config=engine.engine_config.model_config)
     chat_template = load_chat_template(getattr(args, "chat_template", None))
     request_logger = _request_logger(args, engine.engine_config.observability_config)
     state.models = ServingModels(engine, names, model_config.model, max_model_len,

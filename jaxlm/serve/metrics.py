@@ -100,10 +100,11 @@ class EngineStatsCollector:
     stats (one core) has its totals as engine "0"."""
 
     def __init__(self, model_name: str, get_stats: Callable[[], dict[str, Any]],
-                 cache_config_info: dict[str, str]) -> None:
+                 cache_config_info: dict[str, str], model_config: Any = None) -> None:
         self.model_name = model_name
         self.get_stats = get_stats
         self.cache_config_info = cache_config_info
+        self.model_config = model_config  # its weight_bytes and quantization, once loaded
 
     def collect(self) -> Iterable[Metric]:
         stats = self.get_stats()
@@ -129,6 +130,13 @@ class EngineStatsCollector:
         yield info
         if stats.get("lora") is not None:
             yield _lora_info(stats["lora"])
+        if self.model_config is not None and self.model_config.weight_bytes:
+            weights = GaugeMetricFamily("vllm:model_weight_bytes",
+                                        "Bytes the model's weights take on the devices (quantized in their own bytes).",
+                                        labels=["model_name", "quantization"])
+            weights.add_metric([self.model_name, self.model_config.quantization or "none"],
+                               float(self.model_config.weight_bytes))
+            yield weights
 
 
 def _engine_value(stats: dict[str, Any], key: str, sched: Any, tokens: Any) -> float:
@@ -195,13 +203,15 @@ class ServerMetrics:
 
     def __init__(self, model_name: str, max_model_len: int = 2048,
                  get_stats: Callable[[], dict[str, Any]] | None = None,
-                 cache_config_info: dict[str, str] | None = None, num_engines: int = 1) -> None:
+                 cache_config_info: dict[str, str] | None = None, num_engines: int = 1,
+                 model_config: Any = None) -> None:
         self.model_name = model_name
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
         GCCollector(registry=self.registry)
-        self.registry.register(EngineStatsCollector(model_name, get_stats or dict, cache_config_info or {}))
+        self.registry.register(EngineStatsCollector(model_name, get_stats or dict, cache_config_info or {},
+                                                    model_config))
         lengths = length_buckets(max_model_len)
         self._families = {
             attr: Histogram(name, help_text, LABELS, registry=self.registry,

@@ -35,6 +35,16 @@ def round_down_significant_bits(n: int, bits: int) -> int:
     return (int(n) >> drop) << drop
 
 
+def log_model_weights(model: Any, model_config: Any) -> None:
+    """The start-up line on the served model's weights, and their bytes kept for /metrics."""
+    from jaxlm.models.quantization.params import model_weight_bytes
+
+    model_config.weight_bytes = model_weight_bytes(model)
+    quant = getattr(model, "quant_config", None)
+    logger.info("model weights: %.2f MiB, quantization: %s", model_config.weight_bytes / 2**20,
+                quant.describe() if quant is not None else "none")
+
+
 class Worker:
     def __init__(self, config: EngineConfig, mesh: jax.sharding.Mesh):
         self.config = config
@@ -52,6 +62,7 @@ class Worker:
             self.config.model_config, self.config.load_config, attn_backend=backend, mesh=self.mesh,
             enable_expert_parallel=self.config.parallel_config.enable_expert_parallel,
         )
+        log_model_weights(model, self.config.model_config)
         if self.config.speculative_config is not None:  # the verify step's runner, the draft model
             from jaxlm.spec_decode.setup import build_spec_runner
 

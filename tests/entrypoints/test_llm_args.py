@@ -22,7 +22,6 @@ def test_vllm_arguments_at_jaxlm_behaviour_are_accepted():
 
 
 @pytest.mark.parametrize("kwargs,error,needle", [
-    ({"quantization": "awq"}, ValueError, "quantization=None is the only value"),
     ({"enable_chunked_prefill": False}, ValueError, "always chunks prefills"),
     ({"no_such_arg": 1}, TypeError, "Unknown engine argument(s): no_such_arg"),
 ])
@@ -30,6 +29,13 @@ def test_unsupported_arguments_are_refused_clearly(kwargs, error, needle):
     with pytest.raises(error) as err:
         _engine_args(None, kwargs)
     assert needle in str(err.value)
+
+
+def test_quantization_is_an_engine_field():
+    cfg = _engine_args("m", dict(quantization="fp8")).create_engine_config()
+    assert cfg.model_config.quantization == "fp8"
+    with pytest.raises(ValueError, match="Unknown quantization 'bitsandbytes'; supported: fp8, awq, gptq"):
+        _engine_args("m", dict(quantization="bitsandbytes")).create_engine_config()
 
 
 def test_enforce_eager_refused_before_loading():

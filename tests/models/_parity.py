@@ -14,10 +14,12 @@ import numpy as np
 import torch
 import transformers
 from flax import nnx
-from safetensors.numpy import load_file
 
 from jaxlm.attention.backends import get_attention_backend
+from jaxlm.model_loader.safetensors_utils import iterate_safetensors_file
 from jaxlm.models import get_model_architecture
+from jaxlm.models.quantization import get_quantization_config
+from jaxlm.models.quantization.model_quant import process_weights_after_loading
 from tests.helpers.paged_batch import PagedBatchBuilder, make_kv_caches
 from tests.helpers.tiny_models import load_hf_model
 
@@ -33,19 +35,22 @@ TOKEN_BUCKET = 48
 ROW_BUCKET = 4
 
 
-def build_model(path: str, dtype=jnp.float32, max_model_len: int | None = None, backend: str = "xla"):
+def build_model(path: str, dtype=jnp.float32, max_model_len: int | None = None, backend: str = "xla",
+                quantization: str | None = None):
     """Abstract model (no memory) + load_weights from the safetensors file, as the loader does;
-    ``backend="pallas"`` runs the Pallas kernels (interpret mode on CPU)."""
+    ``backend="pallas"`` runs the Pallas kernels (interpret mode on CPU). A quantized checkpoint
+    (or ``quantization``) builds the quantized model and processes its weights after loading."""
     config = transformers.AutoConfig.from_pretrained(path)
     cls = get_model_architecture(config)
+    quant_config = get_quantization_config(quantization, config)
     model = nnx.eval_shape(
         lambda: cls(config, dtype=dtype, attn_backend=get_attention_backend(backend), rngs=nnx.Rngs(0),
-                    max_model_len=max_model_len)
+                    max_model_len=max_model_len, quant_config=quant_config)
     )
-    weights = load_file(os.path.join(path, "model.safetensors"))
-    loaded = model.load_weights(iter(weights.items()))
+    loaded = model.load_weights(iterate_safetensors_file(os.path.join(path, "model.safetensors")))
     missing = model.expected_weight_names() - loaded
     assert not missing, f"missing weights: {sorted(missing)}"
+    process_weights_after_loading(model)
     return model, config, cls
 
 
@@ -94,14 +99,17 @@ def hf_logits(hf_model, seq: Sequence[int]) -> np.ndarray:
 
 
 def run_parity(path: str, prompts: Sequence[Sequence[int]], steps: int = 32, chunk: int | None = None,
-               max_model_len: int | None = None, backend: str = "xla") -> ParityResult:
+               max_model_len: int | None = None, backend: str = "xla", ref_path: str | None = None,
+               quantization: str | None = None) -> ParityResult:
     """Prefill all prompts in one padded step (or in chunks of ``chunk`` tokens), then greedy
     decode all sequences together over the paged cache for ``steps`` tokens.
 
     HF check, teacher-forced: one HF forward over prompt + our tokens gives, at each position,
     the logits HF's own greedy loop would see if its history equals ours; so our tokens are
-    HF's greedy tokens iff each one is the argmax of HF's logits at the position before it."""
-    model, config, cls = build_model(path, max_model_len=max_model_len, backend=backend)
+    HF's greedy tokens iff each one is the argmax of HF's logits at the position before it.
+    ``ref_path``: the checkpoint transformers runs (default ``path``; a quantized model's float
+    checkpoint of its dequantized weights)."""
+    model, config, cls = build_model(path, max_model_len=max_model_len, backend=backend, quantization=quantization)
     runner = JaxRunner(model, config, cls)
     n = len(prompts)
     prompt_logits: list[list[np.ndarray]] = [[] for _ in range(n)]
@@ -131,7 +139,7 @@ def run_parity(path: str, prompts: Sequence[Sequence[int]], steps: int = 32, chu
             step_logits[i].append(logits[i])
             ours[i].append(int(np.argmax(logits[i])))
 
-    hf = load_hf_model(path)
+    hf = load_hf_model(ref_path or path)
     prefill_diff = decode_diff = 0.0
     ref_toks = []
     for i, p in enumerate(prompts):
@@ -144,12 +152,12 @@ def run_parity(path: str, prompts: Sequence[Sequence[int]], steps: int = 32, chu
     return ParityResult(prefill_diff, decode_diff, ours == ref_toks, ours, ref_toks)
 
 
-def assert_parity(res: ParityResult, case: str, record_property=None) -> None:
-    """Both logit diffs within TOL and the greedy tokens equal (diffs recorded and printed)."""
+def assert_parity(res: ParityResult, case: str, record_property=None, tol: float = TOL) -> None:
+    """Both logit diffs within ``tol`` and the greedy tokens equal (diffs recorded and printed)."""
     if record_property is not None:
         record_property("prefill_max_diff", res.prefill_max_diff)
         record_property("decode_max_diff", res.decode_max_diff)
     print(f"{case}: prefill max|diff| {res.prefill_max_diff:.2e}, decode {res.decode_max_diff:.2e}")
-    assert res.prefill_max_diff < TOL, res.prefill_max_diff
-    assert res.decode_max_diff < TOL, res.decode_max_diff
+    assert res.prefill_max_diff < tol, res.prefill_max_diff
+    assert res.decode_max_diff < tol, res.decode_max_diff
     assert res.tokens_equal, f"ours {res.ours}\nhf   {res.ref}"

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.timeout(600)
 COUNTERS = ["vllm:request_success", "vllm:prompt_tokens", "vllm:generation_tokens", "vllm:prefix_cache_queries",
             "vllm:prefix_cache_hits", "vllm:num_preemptions"]
 GAUGES = ["vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-          "vllm:cache_config_info"]
+          "vllm:cache_config_info", "vllm:model_weight_bytes"]
 # Histograms observed once per finished sequence or token (all move with any request).
 HISTOGRAMS = ["vllm:time_to_first_token_seconds", "vllm:inter_token_latency_seconds",
               "vllm:time_per_output_token_seconds", "vllm:e2e_request_latency_seconds",
@@ -50,6 +50,9 @@ def test_metrics_types_presence_and_movement(real_server):
     [info] = before["vllm:cache_config_info"].samples
     assert info.value == 1.0 and info.labels["block_size"] == "16" and int(info.labels["num_gpu_blocks"]) > 0
     assert "process_resident_memory_bytes" in before and "process_cpu_seconds" in before
+    # The engine core's loaded weights (a float model here), handed over in its ready message.
+    [weights] = before["vllm:model_weight_bytes"].samples
+    assert weights.labels["quantization"] == "none" and weights.value > 10_000
 
     client = real_server.client()
     cmpl = client.completions.create(model=SERVED_MODEL, prompt="The capital of France is Paris. " * 6,

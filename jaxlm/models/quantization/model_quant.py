@@ -4,14 +4,11 @@ after ``load_weights``)."""
 
 from __future__ import annotations
 
-import logging
 from typing import Iterator
 
 from flax import nnx
 
 from jaxlm.models.quantization.base_config import QuantizationConfig
-
-logger = logging.getLogger(__name__)
 
 
 def quantizable_layers(model: nnx.Module) -> Iterator[tuple[str, nnx.Module]]:
@@ -33,7 +30,10 @@ def apply_quantization_config(model: nnx.Module, quant_config: QuantizationConfi
             continue
         method = quant_config.get_quant_method(layer, prefix)
         if method is not None:
-            layer.set_quant_method(method, rngs)
+            try:
+                layer.set_quant_method(method, rngs)
+            except ValueError as e:  # a layer the format cannot hold: say which
+                raise ValueError(f"{prefix}: {e}") from None
             count += 1
     return count
 

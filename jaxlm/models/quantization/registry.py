@@ -3,19 +3,20 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from jaxlm.models.quantization.base_config import QuantizationConfig
 
-logger = logging.getLogger(__name__)
-
 
 def quantization_methods() -> dict[str, type[QuantizationConfig]]:
-    """Every supported format by its vLLM name."""
+    """Every supported format by its vLLM name (``QUANTIZATION_METHODS``, the CLI's choices)."""
+    from jaxlm.models.quantization.awq import AWQConfig
+    from jaxlm.models.quantization.compressed_tensors import CompressedTensorsConfig
+    from jaxlm.models.quantization.fp8 import Fp8Config
     from jaxlm.models.quantization.gguf import GGUFConfig
+    from jaxlm.models.quantization.gptq import GPTQConfig
 
-    return {c.get_name(): c for c in (GGUFConfig,)}
+    return {c.get_name(): c for c in (Fp8Config, AWQConfig, GPTQConfig, CompressedTensorsConfig, GGUFConfig)}
 
 
 def _checkpoint_quant_config(hf_config: Any) -> dict[str, Any] | None:
@@ -42,10 +43,11 @@ def get_quantization_config(quantization: str | None, hf_config: Any) -> Quantiz
                              f"{checkpoint.get('quant_method')!r}: leave --quantization out")
         return None
     if checkpoint is not None:
-        name = str(checkpoint.get("quant_method", "")).lower().replace("_", "-")
+        method = checkpoint.get("quant_method", "")
+        name = str(getattr(method, "value", method)).lower().replace("_", "-")
         if not name:
             raise ValueError("the checkpoint's quantization_config has no quant_method")
-        if quantization is not None and quantization != name:
+        if quantization is not None and quantization != name:  # (resolve copies the checkpoint's in)
             raise ValueError(f"--quantization {quantization} does not match the checkpoint's quantization "
                              f"method {name!r}: leave --quantization out, or pass {name}")
         if name not in methods:
