@@ -1,6 +1,6 @@
 """Builds the C++ kernels with the host's compiler on first use and registers them with XLA:CPU.
 
-The shared library goes to ``build_dir`` under a name hashed from the source, the compiler,
+The shared library goes to ``build_dir`` under a name hashed from the sources, the compiler,
 jaxlib's FFI headers and the CPU (it is built with -march=native), so a changed kernel, a new
 jaxlib or another machine's cache gets a new file; a temporary directory when ``build_dir`` is
 None. Several processes may build at once: each writes its own file and renames it in place.
@@ -22,9 +22,10 @@ import jax
 
 logger = logging.getLogger(__name__)
 
-_SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "paged_decode.cc")
-# (XLA custom-call target, symbol the source exports)
-TARGETS = (("jaxlm_paged_decode", "JaxlmPagedDecode"),)
+_HERE = os.path.dirname(os.path.abspath(__file__))
+_SOURCES = tuple(os.path.join(_HERE, name) for name in ("paged_decode.cc", "gguf_matmul.cc"))
+# (XLA custom-call target, symbol the sources export)
+TARGETS = (("jaxlm_paged_decode", "JaxlmPagedDecode"), ("jaxlm_gguf_matmul", "JaxlmGgufMatmul"))
 # -ffast-math for the compile only (vectorized expf, reassociated sums): linked with it, GCC adds
 # crtfastmath.o, whose constructor turns on flush-to-zero for the whole process when the library
 # loads (subnormals read as 0 everywhere: numpy, XLA, hypothesis noticed).
@@ -52,8 +53,10 @@ def _cpu_id() -> str:
 
 
 def _library_path(build_dir: str, cxx: str) -> str:
-    with open(_SOURCE, "rb") as f:
-        h = hashlib.sha256(f.read())
+    h = hashlib.sha256()
+    for source in _SOURCES:
+        with open(source, "rb") as f:
+            h.update(f.read())
     h.update(repr((cxx, _COMPILE, _LINK, jax.ffi.include_dir(), jax.__version__, platform.machine(), _cpu_id())).encode())
     return os.path.join(build_dir, f"jaxlm_cpu_kernels-{h.hexdigest()[:16]}.so")
 
@@ -70,10 +73,13 @@ def _run(cmd: list[str], cxx: str) -> None:
 def _build(path: str, cxx: str) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with tempfile.TemporaryDirectory(dir=os.path.dirname(path)) as tmp:
-        obj, lib = os.path.join(tmp, "kernels.o"), os.path.join(tmp, "kernels.so")
-        logger.info("Building the CPU attention kernels with %s into %s", cxx, path)
-        _run([cxx, *_COMPILE, "-I", jax.ffi.include_dir(), "-c", _SOURCE, "-o", obj], cxx)
-        _run([cxx, *_LINK, obj, "-o", lib], cxx)
+        lib = os.path.join(tmp, "kernels.so")
+        logger.info("Building the CPU kernels with %s into %s", cxx, path)
+        objs = []
+        for source in _SOURCES:
+            objs.append(os.path.join(tmp, os.path.basename(source) + ".o"))
+            _run([cxx, *_COMPILE, "-I", jax.ffi.include_dir(), "-c", source, "-o", objs[-1]], cxx)
+        _run([cxx, *_LINK, *objs, "-o", lib], cxx)
         os.replace(lib, path)
 
 

@@ -102,6 +102,12 @@ def _kernel_unavailable(build_dir: str | None) -> str | None:
         return str(e)
 
 
+def cpu_kernels_unavailable() -> str | None:
+    """Why the C++ kernels (kernels_cpu) cannot be used in this process; None: built and
+    registered (the GGUF block matmul asks too)."""
+    return _kernel_unavailable(kernel_build_dir())
+
+
 def resolve_backend_name(name: str, platform: str | None = None) -> str:
     """``auto`` is pallas on GPU; on CPU it is cpu (xla with the C++ decode kernel) when the
     kernel builds here, else xla."""

@@ -20,7 +20,9 @@ ATTENTION_BACKENDS = ("auto", "xla", "pallas", "cpu")
 KV_CACHE_DTYPES = ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 # vLLM's --quantization names jaxlm serves (jaxlm/models/quantization/registry.py holds the configs).
-QUANTIZATION_METHODS = ("fp8", "awq", "gptq", "compressed-tensors")
+# gguf: a GGUF file's block types kept as they are; "none" (jaxlm's, not vLLM's): a GGUF file
+# dequantized to float at load (the float path, for A/B runs).
+QUANTIZATION_METHODS = ("fp8", "awq", "gptq", "compressed-tensors", "gguf", "none")
 
 
 def jaxlm_cache_root() -> str | None:

@@ -174,7 +174,19 @@ def gguf_config_dict(reader: GGUFFile, path: str) -> dict[str, Any]:
         _phi3_config(reader, get, cfg, path)
     if is_moe(arch, get):
         cfg.update(moe_config(arch, get, tensor_names, cfg["num_hidden_layers"]))
+    cfg["quantization_config"] = {"quant_method": "gguf", "tensor_types": _tensor_types(reader, spec, arch)}
     return cfg
+
+
+def _tensor_types(reader: GGUFFile, spec: GGUFArch, arch: str) -> dict[str, int]:
+    """HF name -> GGML type id of each tensor kept under its own name (models/quantization/gguf.py
+    keeps the block types it has kernels for in their blocks)."""
+    types = {}
+    for t in reader.tensors:
+        name = None if is_stacked_experts(t.name) else gguf_hf_name(t.name, spec.layer_names, arch)
+        if name:
+            types[name] = int(t.qtype)
+    return types
 
 
 def _phi3_config(reader: GGUFFile, get: Callable[..., Any], cfg: dict[str, Any], path: str) -> None:
@@ -254,8 +266,20 @@ def _tensor_array(f: GGUFFile, t: GGUFTensorInfo) -> np.ndarray:
     return arr.reshape(t.shape)
 
 
-def iterate_gguf_weights(reader: GGUFFile, path: str) -> Iterator[tuple[str, np.ndarray]]:
-    """(HF name, float array) per tensor, dequantized one at a time so host memory stays ~one tensor."""
+def _blocks(f: GGUFFile, t: GGUFTensorInfo) -> np.ndarray:
+    """A 2-D tensor's bytes as rows of blocks [rows, row bytes] (a view of the file)."""
+    return f.raw(t).reshape(t.shape[0], -1)
+
+
+# Types stored as plain numbers: nothing to say when they become the model's float dtype.
+_PLAIN_TYPES = {0, 1, 30}  # F32, F16, BF16
+
+
+def iterate_gguf_weights(reader: GGUFFile, path: str, blocks: frozenset[str] = frozenset()
+                         ) -> Iterator[tuple[str, np.ndarray]]:
+    """(HF name, float array) per tensor, dequantized one at a time so host memory stays ~one tensor.
+    ``blocks``: HF names yielded as their GGUF blocks instead ([rows, row bytes] uint8, q/k rows
+    unpermuted), for a model that keeps them (models/quantization/gguf.py)."""
     arch, spec = _gguf_arch(reader, path)
     heads = int(_field(reader, f"{arch}.attention.head_count"))
     kv_heads = int(_field(reader, f"{arch}.attention.head_count_kv", heads))
@@ -269,9 +293,32 @@ def iterate_gguf_weights(reader: GGUFFile, path: str) -> Iterator[tuple[str, np.
             continue
         if hf_name == "":
             raise UnexpectedWeightError(path, t.name)
-        arr = fix_shape(hf_name, _tensor_array(reader, t))
+        arr = _blocks(reader, t) if hf_name in blocks else fix_shape(hf_name, _tensor_array(reader, t))
         if spec.permuted_qk and hf_name.endswith(("q_proj.weight", "q_proj.bias")):
             arr = unpermute_qk(arr, heads)
         elif spec.permuted_qk and hf_name.endswith(("k_proj.weight", "k_proj.bias")):
             arr = unpermute_qk(arr, kv_heads)
         yield hf_name, arr
+
+
+def log_dequantized_types(reader: GGUFFile, path: str, blocks: frozenset[str]) -> None:
+    """One log line naming the quantized types a model that keeps ``blocks`` in GGUF blocks
+    dequantizes at load instead (no kernel for them here, or no layer that takes blocks)."""
+    arch, spec = _gguf_arch(reader, path)
+    dequantized: dict[str, list[str]] = {}
+    for t in reader.tensors:
+        if t.qtype not in _PLAIN_TYPES and gguf_hf_name(t.name, spec.layer_names, arch) not in blocks:
+            dequantized.setdefault(_type_name(t.qtype), []).append(t.name)
+    if dequantized:
+        logger.info("%s: GGUF types without a kernel here, dequantized to float at load: %s", path,
+                    "; ".join(f"{k} ({len(v)} tensors: {', '.join(v[:3])}{', ...' if len(v) > 3 else ''})"
+                              for k, v in sorted(dequantized.items())))
+
+
+def _type_name(qtype: int) -> str:
+    import gguf
+
+    try:
+        return gguf.GGMLQuantizationType(qtype).name
+    except ValueError:
+        return f"type {qtype}"

@@ -137,14 +137,38 @@ class DefaultModelLoader(BaseModelLoader):
 
 
 class GGUFModelLoader(BaseModelLoader):
-    """llama.cpp GGUF files (llama, qwen2), dequantized to float on the host tensor by tensor."""
+    """llama.cpp GGUF files (llama, qwen2): the tensors the model keeps in GGUF blocks
+    (``--quantization gguf``, models/quantization/gguf.py) as the file's bytes, the others
+    dequantized to float on the host tensor by tensor (through the converted-weights cache when
+    nothing is kept in blocks)."""
+
+    def __init__(self, load_config: LoadConfig):
+        super().__init__(load_config)
+        self._blocks: frozenset[str] = frozenset()  # of the model being loaded
+
+    def load_weights(self, model: nnx.Module, model_config: ModelConfig) -> None:
+        from jaxlm.model_loader.gguf_utils import log_dequantized_types, open_gguf
+        from jaxlm.models.quantization.gguf import GGUFConfig, gguf_block_names
+
+        self._blocks = gguf_block_names(model)
+        if isinstance(getattr(model, "quant_config", None), GGUFConfig):
+            path = find_gguf_file(str(model_config.model))
+            log_dequantized_types(open_gguf(path), path, self._blocks)
+        try:
+            super().load_weights(model, model_config)
+        finally:
+            self._blocks = frozenset()
 
     def iterate_weights(self, model_config: ModelConfig) -> Iterator[tuple[str, str, np.ndarray]]:
         from jaxlm.model_loader.gguf_cache import cached_gguf_weights
         from jaxlm.model_loader.gguf_utils import iterate_gguf_weights, open_gguf
 
         path = find_gguf_file(str(model_config.model))
-        for name, arr in cached_gguf_weights(path, lambda: iterate_gguf_weights(open_gguf(path), path)):
+        if self._blocks:  # the blocks need no conversion: read from the file itself
+            weights = iterate_gguf_weights(open_gguf(path), path, self._blocks)
+        else:
+            weights = cached_gguf_weights(path, lambda: iterate_gguf_weights(open_gguf(path), path))
+        for name, arr in weights:
             yield path, name, arr
 
 

@@ -176,10 +176,12 @@ class CausalLMBase(nnx.Module):
         if self.tie_word_embeddings or not self.has_lm_head:
             self.lm_head = None
         else:
-            embed_dim = self.input_embedding().weight.get_value().shape[1]
-            self.lm_head = LMHead(embed_dim, self.args.vocab_size, dtype=self.dtype, rngs=rngs)
+            self.lm_head = LMHead(self.input_embedding().dim, self.args.vocab_size, dtype=self.dtype, rngs=rngs)
         if padded_vocab != self.vocab_size:
             for head in (self.input_embedding(), self.lm_head):
+                if head is not None and not hasattr(head, "weight"):
+                    raise ValueError("the vocabulary is padded for tensor parallel, which GGUF blocks do not "
+                                     "support: use --quantization none")
                 if head is not None:
                     head.weight.set_metadata("hf_pad_rows", padded_vocab - self.vocab_size)
         # Pipeline parallel: contiguous layer ranges, one per stage (static, hashable).

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxlm.models.quantization.base_config import LinearMethodBase
-from jaxlm.models.quantization.unquantized import UnquantizedLinearMethod
+from jaxlm.models.quantization.unquantized import UnquantizedEmbeddingMethod, UnquantizedLinearMethod
 from jaxlm.models.utils import (
     HF_AS_IS, HF_TRANSPOSE, MODEL_AXIS, WeightTarget, hf_shape, make_param, to_param_layout)
 
@@ -100,23 +100,33 @@ class Linear(nnx.Module):
 
 
 class Embedding(nnx.Module):
-    """Token (or position) embedding [num, dim], split over the vocab on "model"."""
+    """Token (or position) embedding [num, dim], split over the vocab on "model".
+
+    Its table and the tied LM head's product belong to ``quant_method`` (float:
+    ``UnquantizedEmbeddingMethod``; GGUF blocks: ``models/quantization/gguf.py``)."""
 
     def __init__(self, num: int, dim: int, *, dtype: jnp.dtype, rngs: nnx.Rngs, shard_vocab: bool = True):
-        spec = (MODEL_AXIS, None) if shard_vocab else (None, None)
-        self.weight = make_param(rngs, (num, dim), dtype, spec, hf_layout=HF_AS_IS)
+        self.num, self.dim = int(num), int(dim)
+        self.dtype = jnp.dtype(dtype)
+        self.shard_vocab = bool(shard_vocab)
+        self.quant_method = UnquantizedEmbeddingMethod()
+        self.quant_method.create_weights(self, rngs)
+
+    def set_quant_method(self, method, rngs: nnx.Rngs) -> None:
+        """Replace the table with ``method``'s (the model is still abstract)."""
+        self.quant_method.remove_weights(self)
+        self.quant_method = method
+        method.create_weights(self, rngs)
+
+    def weight_targets(self, prefix: str) -> dict[str, WeightTarget]:
+        return self.quant_method.weight_targets(self, prefix)
 
     def __call__(self, ids: jax.Array) -> jax.Array:
-        return jnp.take(self.weight[...], ids, axis=0)
+        return self.quant_method.embedding(self, ids)
 
     def attend(self, x: jax.Array) -> jax.Array:
-        """Tied LM head: x [N, dim] -> [N, num] float32, contracting W's dim 1 (no transpose copy)."""
-        return jax.lax.dot_general(
-            x,
-            self.weight[...],
-            (((1,), (1,)), ((), ())),
-            preferred_element_type=jnp.float32,
-        )
+        """Tied LM head: x [N, dim] -> [N, num] float32."""
+        return self.quant_method.attend(self, x)
 
 
 class RMSNorm(nnx.Module):

@@ -1,7 +1,8 @@
 """The converted-weights cache of GGUF checkpoints (model_loader/gguf_cache.py): the first load
 dequantizes and writes an entry, the next loads read it without dequantizing and place the same
 weights; a damaged entry is converted again; a changed file gets a new entry; JAXLM_CACHE_DIR=""
-writes nothing."""
+writes nothing. The cache serves ``--quantization none`` (with ``gguf`` the kernels' block types
+are read from the file as they are, tests/model_loader/test_gguf_blocks.py)."""
 
 from __future__ import annotations
 
@@ -54,9 +55,9 @@ def _entries(cache: str) -> list[str]:
 def test_second_load_reads_the_converted_weights(gguf_file, conversions, tmp_path, monkeypatch):
     cache = str(tmp_path / "cache")
     monkeypatch.setenv("JAXLM_CACHE_DIR", cache)
-    first = _params(load(gguf_file))
+    first = _params(load(gguf_file, quantization="none"))
     assert conversions == [gguf_file] and len(_entries(cache)) == 1
-    second = _params(load(gguf_file))
+    second = _params(load(gguf_file, quantization="none"))
     assert conversions == [gguf_file]  # not dequantized again
     assert len(first) == len(second) > 0
     for a, b in zip(first, second):
@@ -66,7 +67,7 @@ def test_second_load_reads_the_converted_weights(gguf_file, conversions, tmp_pat
     entry = os.path.join(cache, "gguf-weights", _entries(cache)[0])
     with open(os.path.join(entry, "weights.bin"), "r+b") as f:
         f.truncate(100)
-    third = _params(load(gguf_file))
+    third = _params(load(gguf_file, quantization="none"))
     assert conversions == [gguf_file] * 2
     for a, b in zip(first, third):
         np.testing.assert_array_equal(a, b)
@@ -74,11 +75,11 @@ def test_second_load_reads_the_converted_weights(gguf_file, conversions, tmp_pat
 
     # A changed file (new mtime) is a new entry; the cache off writes nothing.
     os.utime(gguf_file, ns=(1, 1))
-    load(gguf_file)
+    load(gguf_file, quantization="none")
     assert conversions == [gguf_file] * 3 and len(_entries(cache)) == 2
     monkeypatch.setenv("JAXLM_CACHE_DIR", "")
-    load(gguf_file)
-    load(gguf_file)
+    load(gguf_file, quantization="none")
+    load(gguf_file, quantization="none")
     assert conversions == [gguf_file] * 5 and len(_entries(cache)) == 2
 
 
@@ -95,5 +96,5 @@ def test_a_failing_conversion_fails_the_load_and_publishes_nothing(gguf_file, tm
 
     monkeypatch.setattr(gguf_utils, "iterate_gguf_weights", broken)
     with pytest.raises(OSError, match="read error"):
-        load(gguf_file)
+        load(gguf_file, quantization="none")
     assert _entries(cache) == []  # neither an entry nor a leftover temporary directory

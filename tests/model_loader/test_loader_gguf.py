@@ -56,7 +56,7 @@ def test_llama_gguf_matches_reference(tiny_llama_dir, tmp_path, quant):
     cfg = transformers.AutoConfig.from_pretrained(tiny_llama_dir)
     path = str(tmp_path / f"tiny-{quant.name}.gguf")
     ref = write_gguf(tiny_llama_dir, path, cfg, quant)
-    model = load(path)
+    model = load(path, quantization="none")  # the dequantizer (blocks: test_gguf_blocks.py)
     hf = hf_tensors(tiny_llama_dir)
     for name, want in ref.items():
         got = param_as_hf(model, name)
@@ -75,7 +75,7 @@ def test_qwen2_gguf_is_not_permuted(tmp_path):
     ref = write_gguf(d, path, cfg, F32, arch="qwen2")
     mc = resolve_model_config(ModelConfig(model=path), LoadConfig())
     assert type(mc.hf_config).__name__ == "Qwen2Config"
-    model = load(path)
+    model = load(path, quantization="none")  # the dequantizer (blocks: test_gguf_blocks.py)
     hf = hf_tensors(d)
     for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.1.self_attn.k_proj.bias"):
         np.testing.assert_array_equal(param_as_hf(model, name), hf[name])
@@ -109,7 +109,7 @@ def test_export_gguf_to_safetensors(tiny_gguf, tmp_path):
     hf = transformers.AutoModelForCausalLM.from_pretrained(out)
     name = "model.layers.1.self_attn.k_proj.weight"
     np.testing.assert_array_equal(hf.state_dict()[name].numpy(), ref[name])
-    model = load(out)
+    model = load(out, quantization="none")  # the dequantizer (blocks: test_gguf_blocks.py)
     for name, want in ref.items():
         np.testing.assert_array_equal(param_as_hf(model, name), want, err_msg=name)
 
@@ -144,7 +144,7 @@ def test_k_quant_bytes_dequantize_like_gguf(tmp_path, qtype):
 def _fake_reader(fields: dict, tensor_names=("token_embd.weight",)):
     import types
 
-    return types.SimpleNamespace(fields=fields, tensors=[types.SimpleNamespace(name=n) for n in tensor_names])
+    return types.SimpleNamespace(fields=fields, tensors=[types.SimpleNamespace(name=n, qtype=8) for n in tensor_names])
 
 
 _QWEN2_FIELDS = {
@@ -160,6 +160,8 @@ def test_config_table_defaults_and_per_arch_fields():
     assert cfg["architectures"] == ["Qwen2ForCausalLM"] and cfg["model_type"] == "qwen2"
     assert (cfg["num_key_value_heads"], cfg["max_position_embeddings"], cfg["rms_norm_eps"]) == (4, 2048, 1e-6)
     assert cfg["tie_word_embeddings"] is True and "head_dim" not in cfg and "attention_bias" not in cfg
+    # every tensor's GGML type, for --quantization gguf (8: Q8_0)
+    assert cfg["quantization_config"] == {"quant_method": "gguf", "tensor_types": {"model.embed_tokens.weight": 8}}
     llama = {k.replace("qwen2.", "llama."): v for k, v in _QWEN2_FIELDS.items()}
     llama["general.architecture"] = "llama"
     cfg = gguf_config_dict(_fake_reader(llama, ("output.weight", "blk.0.attn_q.bias")), "x.gguf")
@@ -195,7 +197,7 @@ def test_phi3_gguf_fused_tensors_and_longrope(tmp_path):
         assert (a.theta, a.rope_type, a.rotary_dim) == (b.theta, b.rope_type, 8)
         np.testing.assert_allclose(dict(a.fields)["ext_factors"], dict(b.fields)["ext_factors"], rtol=1e-7)
         assert a.mscale == pytest.approx(b.mscale, rel=1e-7)
-    model = load(path)
+    model = load(path, quantization="none")  # the dequantizer (blocks: test_gguf_blocks.py)
     hf = hf_tensors(d)
     q, kv = 64, 16  # 4 query heads and 1 KV head of 16
     qkv, gate_up = hf["model.layers.1.self_attn.qkv_proj.weight"], hf["model.layers.1.mlp.gate_up_proj.weight"]

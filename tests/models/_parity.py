@@ -71,12 +71,13 @@ class JaxRunner:
 
         self._step = step
 
-    def run(self, new_tokens: dict[int, Sequence[int]]) -> np.ndarray:
-        """Logits [tokens of the step, V] of one step padded to the buckets."""
+    def run(self, new_tokens: dict[int, Sequence[int]], token_bucket: int = TOKEN_BUCKET) -> np.ndarray:
+        """Logits [tokens of the step, V] of one step padded to the buckets (a smaller
+        ``token_bucket``: a second program, for kernels that pick their path by rows)."""
         n_tok = sum(len(t) for t in new_tokens.values())
-        assert n_tok <= TOKEN_BUCKET and len(new_tokens) < ROW_BUCKET
+        assert n_tok <= token_bucket and len(new_tokens) < ROW_BUCKET
         ids, pos, md = self.pb.step(
-            new_tokens, pad_tokens=TOKEN_BUCKET - n_tok, pad_rows=ROW_BUCKET - len(new_tokens)
+            new_tokens, pad_tokens=token_bucket - n_tok, pad_rows=ROW_BUCKET - len(new_tokens)
         )
         logits, self.caches = self._step(self.state, ids, pos, self.caches, md)
         return np.asarray(logits)[:n_tok]

@@ -54,6 +54,7 @@ FLAG_TESTS = {
     # Accepted for vLLM scripts; jaxlm never runs a model's code (the test: accepted, no effect).
     "--trust-remote-code": "tests/entrypoints/test_llm_args.py::test_engine_fields_are_accepted",
     "--dtype": "tests/model_loader/test_loader_safetensors.py::test_bf16_checkpoint_and_dtype_placement",
+    "--quantization": "tests/model_loader/test_gguf_blocks.py::test_llm_quantization_flag",
     "--max-model-len": "tests/entrypoints/test_llm_api.py::test_bad_request_fails_alone",
     "--quantization": "tests/models/quantization/test_quantized_engine.py::test_online_fp8_through_llm",
     "--seed": "tests/entrypoints/test_sampling_e2e.py::test_unseeded_requests_differ_but_engine_seed_repeats",

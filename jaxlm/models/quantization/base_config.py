@@ -88,6 +88,10 @@ class QuantizationConfig(abc.ABC):
     """One quantization format (vLLM's ``QuantizationConfig``), from a checkpoint's
     ``quantization_config`` or from ``--quantization``; hashable (part of the model's graph)."""
 
+    # Whether get_quant_method is asked for the token embeddings too (GGUF keeps them in blocks);
+    # the other formats see only Linear layers and experts.
+    quantizes_embeddings: ClassVar[bool] = False
+
     @classmethod
     @abc.abstractmethod
     def get_name(cls) -> str:

@@ -20,9 +20,13 @@ def quantizable_layers(model: nnx.Module) -> Iterator[tuple[str, nnx.Module]]:
 
 def apply_quantization_config(model: nnx.Module, quant_config: QuantizationConfig, rngs: nnx.Rngs) -> int:
     """Swap in the config's method on every layer it quantizes; returns how many."""
+    from jaxlm.models.layers import Embedding
+
     count = 0
     for prefix, layer in list(quantizable_layers(model)):
         if not getattr(layer, "quantizable", True):
+            continue
+        if isinstance(layer, Embedding) and not quant_config.quantizes_embeddings:
             continue
         method = quant_config.get_quant_method(layer, prefix)
         if method is not None:

@@ -13,9 +13,10 @@ def quantization_methods() -> dict[str, type[QuantizationConfig]]:
     from jaxlm.models.quantization.awq import AWQConfig
     from jaxlm.models.quantization.compressed_tensors import CompressedTensorsConfig
     from jaxlm.models.quantization.fp8 import Fp8Config
+    from jaxlm.models.quantization.gguf import GGUFConfig
     from jaxlm.models.quantization.gptq import GPTQConfig
 
-    return {c.get_name(): c for c in (Fp8Config, AWQConfig, GPTQConfig, CompressedTensorsConfig)}
+    return {c.get_name(): c for c in (Fp8Config, AWQConfig, GPTQConfig, CompressedTensorsConfig, GGUFConfig)}
 
 
 def _checkpoint_quant_config(hf_config: Any) -> dict[str, Any] | None:
@@ -33,9 +34,14 @@ def _unsupported(name: str, where: str) -> ValueError:
 
 
 def get_quantization_config(quantization: str | None, hf_config: Any) -> QuantizationConfig | None:
-    """The model's config, or None for float weights."""
+    """The model's config, or None for float weights (``none``: a GGUF file dequantized)."""
     methods = quantization_methods()
     checkpoint = _checkpoint_quant_config(hf_config)
+    if quantization == "none":
+        if checkpoint is not None and checkpoint.get("quant_method") != "gguf":
+            raise ValueError(f"--quantization none dequantizes GGUF files only; this checkpoint is "
+                             f"{checkpoint.get('quant_method')!r}: leave --quantization out")
+        return None
     if checkpoint is not None:
         method = checkpoint.get("quant_method", "")
         name = str(getattr(method, "value", method)).lower().replace("_", "-")

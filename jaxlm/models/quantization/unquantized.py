@@ -1,5 +1,5 @@
-"""The float weights: one method among the others (vLLM's ``UnquantizedLinearMethod`` and
-``UnquantizedFusedMoEMethod``)."""
+"""The float weights: one method among the others (vLLM's ``UnquantizedLinearMethod``,
+``UnquantizedEmbeddingMethod`` and ``UnquantizedFusedMoEMethod``)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,12 @@ import dataclasses
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 
 from jaxlm.models.moe_ops import grouped_mlp
-from jaxlm.models.quantization.base_config import FusedMoEMethodBase, LinearMethodBase
-from jaxlm.models.utils import MODEL_AXIS, WeightTarget, make_param
+from jaxlm.models.quantization.base_config import FusedMoEMethodBase, LinearMethodBase, QuantizeMethodBase
+from jaxlm.models.utils import HF_AS_IS, MODEL_AXIS, WeightTarget, make_param
 
 # HF per-expert tensor names, in the order of the stacked gate_up dim (gate 0, up 1).
 EXPERT_GATE_UP = ("gate_proj", "up_proj")
@@ -29,6 +30,26 @@ class UnquantizedLinearMethod(LinearMethodBase):
 
     def apply(self, layer: nnx.Module, x: jax.Array) -> jax.Array:
         return x @ layer.weight[...]
+
+
+@dataclasses.dataclass(frozen=True)
+class UnquantizedEmbeddingMethod(QuantizeMethodBase):
+    """An ``Embedding``'s ``weight`` [num, dim] in the model dtype (vLLM's
+    ``UnquantizedEmbeddingMethod``): a lookup takes rows, the tied LM head contracts dim 1."""
+
+    param_names = ("weight",)
+
+    def create_weights(self, layer: nnx.Module, rngs: nnx.Rngs) -> None:
+        spec = (MODEL_AXIS, None) if layer.shard_vocab else (None, None)
+        layer.weight = make_param(rngs, (layer.num, layer.dim), layer.dtype, spec, hf_layout=HF_AS_IS)
+
+    def embedding(self, layer: nnx.Module, ids: jax.Array) -> jax.Array:
+        return jnp.take(layer.weight[...], ids, axis=0)
+
+    def attend(self, layer: nnx.Module, x: jax.Array) -> jax.Array:
+        # contracting W's dim 1: no transposed copy of the table
+        return jax.lax.dot_general(x, layer.weight[...], (((1,), (1,)), ((), ())),
+                                   preferred_element_type=jnp.float32)
 
 
 def expert_specs(layer: nnx.Module) -> tuple[str | None, str | None]:

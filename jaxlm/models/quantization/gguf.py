@@ -1,0 +1,167 @@
+"""GGUF weights kept in llama.cpp's blocks (vLLM's ``GGUFConfig``, ``--quantization gguf``).
+
+A GGUF file's config carries ``quantization_config = {"quant_method": "gguf", "tensor_types":
+{HF name: GGML type}}`` (model_loader/gguf_utils.py), so a .gguf model gets this config without
+asking. Each ``Linear`` and the token ``Embedding`` whose tensor is Q8_0, Q4_0 or Q4_1 holds the
+file's bytes as ``qweight`` [out, in / 32 * block bytes] uint8 (3.8-7.1x fewer bytes than float32,
+so a decode step streams that much less) and multiplies through the C++ kernel
+(kernels_cpu/gguf_matmul.cc) inside the compiled step when few rows go through (decode), or
+through XLA's dot on the weight dequantized in XLA when many do (prefill: ``gguf_product``); the
+embedding gathers its rows' blocks and dequantizes them in XLA, and a tied LM head goes through
+the same product. Any other type (K-quants,
+F16, ...) has no kernel: the loader dequantizes it to float at load (one log line names them).
+Without the C++ kernels (no compiler, or not XLA:CPU) every tensor is dequantized, as with
+``--quantization none``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxlm.models.quantization.base_config import LinearMethodBase, QuantizationConfig, QuantizeMethodBase
+from jaxlm.models.utils import MODEL_AXIS, WeightTarget, make_param
+from kernels_cpu.gguf_matmul import F32_MIN_ROWS, GGUF_KERNEL_TYPES, QK, gguf_dequantize_rows, gguf_matmul_cpu
+
+logger = logging.getLogger(__name__)
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel_types_here() -> frozenset[int]:
+    """The GGML types this process multiplies in their blocks: all kernel types when the C++
+    kernels build and the platform is XLA:CPU, else none (asked once per process)."""
+    from jaxlm.attention.backends import cpu_kernels_unavailable
+
+    platform = jax.default_backend()
+    if platform != "cpu":
+        logger.warning("GGUF: the block kernels run on XLA:CPU only; on %s the weights are dequantized", platform)
+        return frozenset()
+    why = cpu_kernels_unavailable()
+    if why:
+        logger.warning("GGUF: no C++ kernels here (%s): the weights are dequantized at load", why)
+        return frozenset()
+    return frozenset(GGUF_KERNEL_TYPES)
+
+
+def _blocks_param(rngs: nnx.Rngs, rows: int, k: int, qtype: int, spec: tuple[str | None, ...]) -> nnx.Param:
+    name, size = GGUF_KERNEL_TYPES[qtype]
+    if k % QK:
+        raise ValueError(f"GGUF {name} blocks need an input dimension that is a multiple of {QK}, got {k}")
+    return make_param(rngs, (rows, k // QK * size), jnp.uint8, spec, init="zeros")
+
+
+def gguf_product(x: jax.Array, qweight: jax.Array, qtype: int) -> jax.Array:
+    """x [..., K] @ W^T -> [..., N] f32, W in blocks. A few rows (decode): the C++ kernel on int8
+    activations, streaming the blocks. Many rows (prefill, F32_MIN_ROWS+): XLA's dot on W
+    dequantized in XLA, x as given; the kernel's own f32 tiles measured 2-2.7x slower than
+    XLA's dot at 512 rows (docs/PERF_NOTES.md, session 9)."""
+    rows = math.prod(x.shape[:-1])
+    if rows < F32_MIN_ROWS:
+        return gguf_matmul_cpu(x, qweight, qtype, f32_min_rows=0)
+    w = gguf_dequantize_rows(qweight, qtype)
+    return jax.lax.dot_general(x.astype(jnp.float32), w, (((x.ndim - 1,), (1,)), ((), ())),
+                               preferred_element_type=jnp.float32)
+
+
+def _blocks_target(layer: nnx.Module, prefix: str) -> dict[str, WeightTarget]:
+    """The checkpoint's ``{prefix}.weight``, as the loader yields it in blocks, into ``qweight``."""
+    q = layer.qweight
+    return {f"{prefix}.weight": WeightTarget(tuple(q.get_value().shape), [(q, lambda a: a)])}
+
+
+@dataclasses.dataclass(frozen=True)
+class GGUFLinearMethod(LinearMethodBase):
+    """``qweight`` [out, in / 32 * block bytes] uint8 of GGML type ``qtype``; the product is the
+    C++ kernel (rows of x rounded to int8 per block of 32 inside, as llama.cpp does)."""
+
+    qtype: int
+    param_names = ("qweight",)
+
+    def create_weights(self, layer: nnx.Module, rngs: nnx.Rngs) -> None:
+        if layer.kv_repeat is not None:
+            raise ValueError("GGUF blocks cannot repeat KV heads (tensor parallel > KV heads): "
+                             "use --quantization none")
+        spec = (layer.parallel.weight_spec[1], layer.parallel.weight_spec[0])  # [out, in]
+        layer.qweight = _blocks_param(rngs, layer.out_features, layer.in_features, self.qtype, spec)
+
+    def weight_targets(self, layer: nnx.Module, prefix: str) -> dict[str, WeightTarget]:
+        return _blocks_target(layer, prefix)
+
+    def apply(self, layer: nnx.Module, x: jax.Array) -> jax.Array:
+        return gguf_product(x, layer.qweight[...], self.qtype).astype(x.dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class GGUFEmbeddingMethod(QuantizeMethodBase):
+    """The token embedding ``qweight`` [vocab, dim / 32 * block bytes] uint8: a lookup gathers
+    the rows' blocks and dequantizes them in XLA; the tied LM head is the C++ kernel."""
+
+    qtype: int
+    param_names = ("qweight",)
+
+    def create_weights(self, layer: nnx.Module, rngs: nnx.Rngs) -> None:
+        spec = (MODEL_AXIS, None) if layer.shard_vocab else (None, None)
+        layer.qweight = _blocks_param(rngs, layer.num, layer.dim, self.qtype, spec)
+
+    def weight_targets(self, layer: nnx.Module, prefix: str) -> dict[str, WeightTarget]:
+        return _blocks_target(layer, prefix)
+
+    def embedding(self, layer: nnx.Module, ids: jax.Array) -> jax.Array:
+        rows = jnp.take(layer.qweight[...], ids, axis=0)
+        return gguf_dequantize_rows(rows, self.qtype).astype(layer.dtype)
+
+    def attend(self, layer: nnx.Module, x: jax.Array) -> jax.Array:
+        return gguf_product(x, layer.qweight[...], self.qtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class GGUFConfig(QuantizationConfig):
+    """``tensor_types``: (HF tensor name, GGML type) of the file's tensors; ``kernel_types``: the
+    types kept in blocks here (empty: everything dequantized)."""
+
+    tensor_types: tuple[tuple[str, int], ...] = ()
+    kernel_types: frozenset[int] = frozenset()
+    quantizes_embeddings = True
+
+    @classmethod
+    def get_name(cls) -> str:
+        return "gguf"
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> GGUFConfig:
+        types = config.get("tensor_types") or {}
+        return cls(tuple(sorted((str(k), int(v)) for k, v in types.items())), _kernel_types_here())
+
+    def get_quant_method(self, layer: nnx.Module, prefix: str) -> QuantizeMethodBase | None:
+        from jaxlm.models.layers import Embedding, Linear
+
+        qtype = dict(self.tensor_types).get(f"{prefix}.weight")
+        if qtype not in self.kernel_types:
+            return None  # float: the loader dequantizes it
+        if isinstance(layer, Linear) and layer.kv_repeat is None:
+            return GGUFLinearMethod(qtype)
+        if isinstance(layer, Embedding):
+            return GGUFEmbeddingMethod(qtype)
+        return None
+
+    def describe(self) -> str:
+        kept: dict[str, int] = {}
+        for _, t in self.tensor_types:
+            if t in self.kernel_types:
+                kept[GGUF_KERNEL_TYPES[t][0]] = kept.get(GGUF_KERNEL_TYPES[t][0], 0) + 1
+        return "gguf (" + (", ".join(f"{n} x{c}" for n, c in sorted(kept.items())) or "no tensors") + " in blocks)"
+
+
+def gguf_block_names(model: nnx.Module) -> frozenset[str]:
+    """The checkpoint names ``model`` takes in GGUF blocks (the loader yields those undecoded)."""
+    from jaxlm.models.quantization.model_quant import quantizable_layers
+
+    return frozenset(f"{prefix}.weight" for prefix, layer in quantizable_layers(model)
+                     if isinstance(layer.quant_method, (GGUFLinearMethod, GGUFEmbeddingMethod)))

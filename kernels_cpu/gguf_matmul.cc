@@ -1,0 +1,436 @@
+// Matrix products with GGUF block-quantized weights for XLA:CPU, called through XLA's FFI.
+//
+// out [M, N] f32 = x [M, K] f32 @ W^T, W [N, K] kept in llama.cpp's blocks of 32 (a row of W is
+// K / 32 blocks, the bytes ggml writes):
+//   Q8_0 (type 8):  f16 d, int8 q[32]              w = d * q
+//   Q4_0 (type 2):  f16 d, uint8 qs[16]            w = d * (nibble - 8)
+//   Q4_1 (type 3):  f16 d, f16 m, uint8 qs[16]     w = d * nibble + m
+// (nibble j < 16 is qs[j] & 15, nibble j + 16 is qs[j] >> 4).
+// As llama.cpp does, each row of x is first quantized to int8 per block of 32 (d_x = max|x| / 127,
+// round to nearest even) so a block's product is one integer dot product: w.x = d_w d_x sum(q qx)
+// (+ m d_x sum(qx) for Q4_1, - 8 d_w d_x sum(qx) for Q4_0). The integer dots use AVX-VNNI /
+// AVX512-VNNI (dpbusd) or AVX2 (maddubs + madd) when -march=native has them, else plain C++.
+//
+// Two paths; the threads take tiles of kTileN weight rows in both.
+//  * A few rows (decode): the integer dots above. Inside a tile, rows of x go four at a time
+//    against each weight row, so a weight block is unpacked once for four rows of x and the four
+//    rows of quantized x stay in L1 across the tile. With one row of x this is a stream over W.
+//  * Many rows (M >= f32_min_rows; prefill): each tile is dequantized once to f32 and reused
+//    across every row of x in a register-blocked f32 product (x as given, not rounded).
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define JAXLM_AVX2 1
+#include <immintrin.h>
+#endif
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+constexpr int kQK = 32;  // values per block, every type here
+constexpr int64_t kTileN = 16;
+constexpr int kRowsM = 4;  // rows of x per pass over a weight row
+
+enum QType : int32_t { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8 };
+
+#pragma pack(push, 1)
+struct BlockQ8_0 {
+  uint16_t d;
+  int8_t q[kQK];
+};
+struct BlockQ4_0 {
+  uint16_t d;
+  uint8_t qs[kQK / 2];
+};
+struct BlockQ4_1 {
+  uint16_t d, m;
+  uint8_t qs[kQK / 2];
+};
+#pragma pack(pop)
+static_assert(sizeof(BlockQ8_0) == 34 && sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20, "ggml block sizes");
+
+inline float f16_to_f32(uint16_t h) {
+#if defined(JAXLM_AVX2)
+  return _cvtsh_ss(h);
+#else
+  const uint32_t sign = uint32_t(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+  uint32_t bits;
+  if (exp == 0x1f) {
+    bits = sign | 0x7f800000 | (man << 13);
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  } else if (man == 0) {
+    bits = sign;
+  } else {  // subnormal half: normalize
+    int e = -1;
+    uint32_t m = man;
+    do {
+      m <<= 1;
+      ++e;
+    } while (!(m & 0x400));
+    bits = sign | ((112 - e) << 23) | ((m & 0x3ff) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+#endif
+}
+
+// x quantized to int8 per block: q [M, K], d and d * sum(q) [M, K / 32].
+struct QuantizedX {
+  std::vector<int8_t> q;
+  std::vector<float> d, ds;
+};
+
+void quantize_rows(const float* x, int64_t K, int64_t m0, int64_t m1, QuantizedX& qx) {
+  const int64_t nb = K / kQK;
+  for (int64_t m = m0; m < m1; ++m) {
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* xb = x + m * K + b * kQK;
+      int8_t* qb = qx.q.data() + m * K + b * kQK;
+      float amax = 0.0f;
+      for (int j = 0; j < kQK; ++j) amax = std::max(amax, std::fabs(xb[j]));
+      const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+      int sum = 0;
+      for (int j = 0; j < kQK; ++j) {
+        const int v = int(std::nearbyint(xb[j] * id));
+        qb[j] = int8_t(v);
+        sum += v;
+      }
+      qx.d[m * nb + b] = d;
+      qx.ds[m * nb + b] = d * float(sum);
+    }
+  }
+}
+
+#if defined(JAXLM_AVX2)
+// 8 partial sums (int32) of u[i] * s[i] over 32 pairs: u unsigned bytes (< 128 or the Q8_0 form
+// below), s signed bytes.
+inline __m256i dot_u8_i8(__m256i u, __m256i s) {
+#if defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#else
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline __m256i nibbles(const uint8_t* qs) {
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
+  return _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
+}
+#endif
+
+// out[m, n] for rows m0 .. m0 + R of x against weight row n (R <= kRowsM).
+template <int T, int R>
+void dot_row(const uint8_t* wrow, int64_t nb, const QuantizedX& qx, int64_t m0, int64_t K, float* out,
+             int64_t N, int64_t n) {
+  const int8_t* xq[R];
+  const float *xd[R], *xds[R];
+  for (int r = 0; r < R; ++r) {
+    xq[r] = qx.q.data() + (m0 + r) * K;
+    xd[r] = qx.d.data() + (m0 + r) * nb;
+    xds[r] = qx.ds.data() + (m0 + r) * nb;
+  }
+  float off[R] = {};  // the Q4_0 / Q4_1 terms on sum(qx), per row
+#if defined(JAXLM_AVX2)
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+#else
+  float acc[R] = {};
+#endif
+  for (int64_t b = 0; b < nb; ++b) {
+    float dw, mw = 0.0f;
+#if defined(JAXLM_AVX2)
+    __m256i wv;
+#else
+    int wv[kQK];
+#endif
+    if constexpr (T == kQ8_0) {
+      const auto* blk = reinterpret_cast<const BlockQ8_0*>(wrow) + b;
+      dw = f16_to_f32(blk->d);
+#if defined(JAXLM_AVX2)
+      wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->q));
+#else
+      for (int j = 0; j < kQK; ++j) wv[j] = blk->q[j];
+#endif
+    } else if constexpr (T == kQ4_0) {
+      const auto* blk = reinterpret_cast<const BlockQ4_0*>(wrow) + b;
+      dw = f16_to_f32(blk->d);
+      mw = -8.0f * dw;
+#if defined(JAXLM_AVX2)
+      wv = nibbles(blk->qs);
+#else
+      for (int j = 0; j < kQK / 2; ++j) wv[j] = blk->qs[j] & 15, wv[j + 16] = blk->qs[j] >> 4;
+#endif
+    } else {
+      const auto* blk = reinterpret_cast<const BlockQ4_1*>(wrow) + b;
+      dw = f16_to_f32(blk->d);
+      mw = f16_to_f32(blk->m);
+#if defined(JAXLM_AVX2)
+      wv = nibbles(blk->qs);
+#else
+      for (int j = 0; j < kQK / 2; ++j) wv[j] = blk->qs[j] & 15, wv[j + 16] = blk->qs[j] >> 4;
+#endif
+    }
+#if defined(JAXLM_AVX2)
+    // Q8_0's weights are signed: |w| against x with w's sign (llama.cpp's form of signed x signed).
+    const __m256i wu = T == kQ8_0 ? _mm256_sign_epi8(wv, wv) : wv;
+    for (int r = 0; r < R; ++r) {
+      __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[r] + b * kQK));
+      if constexpr (T == kQ8_0) xv = _mm256_sign_epi8(xv, wv);
+      const __m256 p = _mm256_cvtepi32_ps(dot_u8_i8(wu, xv));
+      acc[r] = _mm256_fmadd_ps(p, _mm256_set1_ps(dw * xd[r][b]), acc[r]);
+      if constexpr (T != kQ8_0) off[r] += mw * xds[r][b];
+    }
+#else
+    for (int r = 0; r < R; ++r) {
+      const int8_t* xb = xq[r] + b * kQK;
+      int s = 0;
+      for (int j = 0; j < kQK; ++j) s += wv[j] * xb[j];
+      acc[r] += float(s) * dw * xd[r][b];
+      if constexpr (T != kQ8_0) off[r] += mw * xds[r][b];
+    }
+#endif
+  }
+  for (int r = 0; r < R; ++r) {
+#if defined(JAXLM_AVX2)
+    out[(m0 + r) * N + n] = hsum(acc[r]) + off[r];
+#else
+    out[(m0 + r) * N + n] = acc[r] + off[r];
+#endif
+  }
+}
+
+template <int T>
+void matmul_tile(const uint8_t* w, int64_t row_bytes, const QuantizedX& qx, int64_t M, int64_t K, int64_t N,
+                 int64_t n0, int64_t n1, float* out) {
+  const int64_t nb = K / kQK;
+  int64_t m = 0;
+  for (; m + kRowsM <= M; m += kRowsM)
+    for (int64_t n = n0; n < n1; ++n) dot_row<T, kRowsM>(w + n * row_bytes, nb, qx, m, K, out, N, n);
+  for (; m < M; ++m)
+    for (int64_t n = n0; n < n1; ++n) dot_row<T, 1>(w + n * row_bytes, nb, qx, m, K, out, N, n);
+}
+
+// ---- Many rows (prefill): a tile of kTileN weight rows dequantized once to f32, laid out [K][16]
+// so its 16 output columns are two vectors, then rows of x (as given, not rounded) kRowsF at a
+// time against it with 2 * kRowsF accumulators in registers; the tile (16 * K floats) stays in
+// L1/L2 across all of x.
+constexpr int kRowsF = 6;
+
+template <int T>
+void dequantize_row(const uint8_t* wrow, int64_t nb, float* out) {
+  for (int64_t b = 0; b < nb; ++b) {
+    float* o = out + b * kQK;
+    if constexpr (T == kQ8_0) {
+      const auto* blk = reinterpret_cast<const BlockQ8_0*>(wrow) + b;
+      const float d = f16_to_f32(blk->d);
+      for (int j = 0; j < kQK; ++j) o[j] = d * float(blk->q[j]);
+    } else {
+      const uint8_t* qs;
+      float d, m;
+      if constexpr (T == kQ4_0) {
+        const auto* blk = reinterpret_cast<const BlockQ4_0*>(wrow) + b;
+        qs = blk->qs, d = f16_to_f32(blk->d), m = -8.0f * d;
+      } else {
+        const auto* blk = reinterpret_cast<const BlockQ4_1*>(wrow) + b;
+        qs = blk->qs, d = f16_to_f32(blk->d), m = f16_to_f32(blk->m);
+      }
+      for (int j = 0; j < kQK / 2; ++j) {
+        o[j] = d * float(qs[j] & 15) + m;
+        o[j + kQK / 2] = d * float(qs[j] >> 4) + m;
+      }
+    }
+  }
+}
+
+// out[m0 .. m0 + R, n0 .. n0 + nt] from tile [K][16].
+template <int R>
+void tile_rows_f32(const float* x, int64_t K, const float* tile, float* out, int64_t N, int64_t m0, int64_t n0,
+                   int64_t nt) {
+  const float* xr = x + m0 * K;
+#if defined(JAXLM_AVX2)
+  __m256 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < K; ++k) {
+    const __m256 w0 = _mm256_loadu_ps(tile + k * 16), w1 = _mm256_loadu_ps(tile + k * 16 + 8);
+    for (int r = 0; r < R; ++r) {
+      const __m256 xb = _mm256_broadcast_ss(xr + r * K + k);
+      acc[r][0] = _mm256_fmadd_ps(xb, w0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(xb, w1, acc[r][1]);
+    }
+  }
+  alignas(32) float res[16];
+  for (int r = 0; r < R; ++r) {
+    _mm256_store_ps(res, acc[r][0]);
+    _mm256_store_ps(res + 8, acc[r][1]);
+    std::copy(res, res + nt, out + (m0 + r) * N + n0);
+  }
+#else
+  float acc[R][16] = {};
+  for (int64_t k = 0; k < K; ++k)
+    for (int r = 0; r < R; ++r) {
+      const float xv = xr[r * K + k];
+      for (int j = 0; j < 16; ++j) acc[r][j] += xv * tile[k * 16 + j];
+    }
+  for (int r = 0; r < R; ++r) std::copy(acc[r], acc[r] + nt, out + (m0 + r) * N + n0);
+#endif
+}
+
+template <int T>
+void matmul_tile_f32(const uint8_t* w, int64_t row_bytes, const float* x, int64_t M, int64_t K, int64_t N,
+                     int64_t n0, int64_t n1, float* out) {
+  const int64_t nb = K / kQK;
+  std::vector<float> row(K), tile(K * 16);
+  for (int64_t t0 = n0; t0 < n1; t0 += 16) {
+    const int64_t nt = std::min<int64_t>(16, n1 - t0);
+    std::fill(tile.begin(), tile.end(), 0.0f);
+    for (int64_t j = 0; j < nt; ++j) {
+      dequantize_row<T>(w + (t0 + j) * row_bytes, nb, row.data());
+      for (int64_t k = 0; k < K; ++k) tile[k * 16 + j] = row[k];
+    }
+    int64_t m = 0;
+    for (; m + kRowsF <= M; m += kRowsF) tile_rows_f32<kRowsF>(x, K, tile.data(), out, N, m, t0, nt);
+    for (; m < M; ++m) tile_rows_f32<1>(x, K, tile.data(), out, N, m, t0, nt);
+  }
+}
+
+// Items [0, items) split over the caller and XLA's intra-op threads in chunks taken from a shared
+// counter (a pool thread that wakes late finds less, or nothing, to do instead of being waited
+// for). The state is shared-owned: a task that starts after the call returned touches only it.
+struct Split {
+  std::function<void(int64_t, int64_t)> fn;
+  int64_t items, chunk;
+  std::atomic<int64_t> next{0}, done{0};
+};
+
+void take_chunks(Split& sp) {
+  for (int64_t i; (i = sp.next.fetch_add(sp.chunk, std::memory_order_relaxed)) < sp.items;) {
+    const int64_t end = std::min(sp.items, i + sp.chunk);
+    sp.fn(i, end);
+    sp.done.fetch_add(end - i, std::memory_order_release);
+  }
+}
+
+void parallel_for(ffi::ThreadPool& pool, int64_t items, int64_t work, std::function<void(int64_t, int64_t)> fn) {
+  constexpr int64_t kWorkPerTask = 1 << 17;  // below this, handing work to a pool thread costs more than it saves
+  const int64_t tasks = std::min<int64_t>(
+      {items, std::max<int64_t>(pool.num_threads(), 1), std::max<int64_t>(work / kWorkPerTask, 1)});
+  if (tasks <= 1) {
+    fn(0, items);
+    return;
+  }
+  auto sp = std::make_shared<Split>();
+  sp->fn = std::move(fn);
+  sp->items = items;
+  sp->chunk = std::max<int64_t>(1, items / (tasks * 4));
+  for (int64_t i = 1; i < tasks; ++i) pool.Schedule([sp] { take_chunks(*sp); });
+  take_chunks(*sp);
+  while (sp->done.load(std::memory_order_acquire) < items) std::this_thread::yield();
+}
+
+int64_t block_bytes(int32_t qtype) {
+  switch (qtype) {
+    case kQ8_0:
+      return sizeof(BlockQ8_0);
+    case kQ4_0:
+      return sizeof(BlockQ4_0);
+    case kQ4_1:
+      return sizeof(BlockQ4_1);
+    default:
+      return 0;
+  }
+}
+
+ffi::Error GgufMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
+                          ffi::Result<ffi::Buffer<ffi::F32>> out, int32_t qtype, int32_t f32_min_rows) {
+  auto xd = x.dimensions(), wd = w.dimensions(), od = out->dimensions();
+  const int64_t bb = block_bytes(qtype);
+  if (bb == 0) return ffi::Error::InvalidArgument("gguf_matmul: GGUF type must be Q4_0 (2), Q4_1 (3) or Q8_0 (8)");
+  if (xd.size() != 2 || wd.size() != 2 || od.size() != 2)
+    return ffi::Error::InvalidArgument("gguf_matmul: x [M, K], w [N, K / 32 * block bytes], out [M, N]");
+  const int64_t M = xd[0], K = xd[1], N = wd[0];
+  if (K % kQK != 0 || wd[1] != K / kQK * bb || od[0] != M || od[1] != N)
+    return ffi::Error::InvalidArgument("gguf_matmul: shapes of x, w and out disagree (K must be whole blocks of 32)");
+  float* o = out->typed_data();
+  if (M == 0 || N == 0) return ffi::Error::Success();
+  if (K == 0) {
+    std::fill(o, o + M * N, 0.0f);
+    return ffi::Error::Success();
+  }
+  const float* xp = x.typed_data();
+  const uint8_t* wp = w.typed_data();
+  const int64_t row_bytes = wd[1], tiles = (N + kTileN - 1) / kTileN;
+  if (f32_min_rows > 0 && M >= f32_min_rows) {
+    auto run = [&](auto tile) {
+      parallel_for(pool, tiles, M * N * K, [&, tile](int64_t t0, int64_t t1) {
+        tile(wp, row_bytes, xp, M, K, N, t0 * kTileN, std::min(N, t1 * kTileN), o);
+      });
+    };
+    switch (qtype) {
+      case kQ8_0:
+        run(matmul_tile_f32<kQ8_0>);
+        break;
+      case kQ4_0:
+        run(matmul_tile_f32<kQ4_0>);
+        break;
+      default:
+        run(matmul_tile_f32<kQ4_1>);
+    }
+    return ffi::Error::Success();
+  }
+  QuantizedX qx;
+  qx.q.resize(M * K);
+  qx.d.resize(M * K / kQK);
+  qx.ds.resize(M * K / kQK);
+  parallel_for(pool, M, M * K * 8, [&](int64_t m0, int64_t m1) { quantize_rows(xp, K, m0, m1, qx); });
+  auto run = [&](auto tile) {
+    parallel_for(pool, tiles, M * N * K, [&, tile](int64_t t0, int64_t t1) {
+      tile(wp, row_bytes, qx, M, K, N, t0 * kTileN, std::min(N, t1 * kTileN), o);
+    });
+  };
+  switch (qtype) {
+    case kQ8_0:
+      run(matmul_tile<kQ8_0>);
+      break;
+    case kQ4_0:
+      run(matmul_tile<kQ4_0>);
+      break;
+    default:
+      run(matmul_tile<kQ4_1>);
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaxlmGgufMatmul, GgufMatmulImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::U8>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int32_t>("qtype")
+                                  .Attr<int32_t>("f32_min_rows"));

@@ -1,0 +1,72 @@
+"""The C++ GGUF block matmul (kernels_cpu/gguf_matmul.cc) against XLA's float32 dot, alone.
+
+SmolLM2-135M's matrix shapes (N x K: q/o 576x576, gate/up 1536x576, down 576x1536, the tied LM
+head 49152x576) for M rows of activations; each figure is the median of interleaved rounds, us per
+call, with what it streams (GB/s of weight bytes). Run: python scripts/dev/bench_gguf_matmul.py
+[--rows 1 16 512] [--types Q4_1 Q8_0] [--rounds 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import numpy as np
+
+SHAPES = ((576, 576), (1536, 576), (576, 1536), (49152, 576))
+TYPE_IDS = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}
+
+
+def _time(fn, args, reps: int) -> float:
+    fn(*args).block_until_ready()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        out = fn(*args)
+    out.block_until_ready()
+    return (time.perf_counter() - t0) / reps * 1e6
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 16, 512])
+    p.add_argument("--types", nargs="+", default=["Q4_1", "Q8_0"], choices=sorted(TYPE_IDS))
+    p.add_argument("--rounds", type=int, default=5)
+    args = p.parse_args()
+
+    import gguf
+    import jax
+    import jax.numpy as jnp
+
+    from kernels_cpu import gguf_matmul_cpu, load_cpu_kernels
+
+    load_cpu_kernels(os.path.join(os.environ.get("JAXLM_CACHE_DIR") or "/tmp", "kernels"))
+    rng = np.random.default_rng(0)
+    f32 = jax.jit(lambda x, w: jax.lax.dot_general(x, w, (((1,), (1,)), ((), ()))))
+    quant = jax.jit(gguf_matmul_cpu, static_argnums=2)
+    print(f"{'N x K':>12} {'M':>4} {'type':>5} {'f32 us':>9} {'gguf us':>9} {'speedup':>7} {'GB/s':>6}")
+    for n, k in SHAPES:
+        wf = rng.standard_normal((n, k)).astype(np.float32) * 0.05
+        blocks = {t: jnp.asarray(gguf.quants.quantize(wf, gguf.GGMLQuantizationType(TYPE_IDS[t]))) for t in args.types}
+        wj = jnp.asarray(wf)
+        for m in args.rows:
+            if n * m > 49152 * 64:  # the LM head runs on the sampled rows only
+                continue
+            x = jnp.asarray(rng.standard_normal((m, k)).astype(np.float32))
+            reps = max(3, int(2e8 / (n * k * max(m, 8))))
+            times: dict[str, list[float]] = {"f32": [], **{t: [] for t in args.types}}
+            for _ in range(args.rounds):  # interleaved: the machine's load hits both alike
+                times["f32"].append(_time(f32, (x, wj), reps))
+                for t in args.types:
+                    times[t].append(_time(quant, (x, blocks[t], TYPE_IDS[t]), reps))
+            base = statistics.median(times["f32"])
+            for t in args.types:
+                us = statistics.median(times[t])
+                print(f"{n:>6}x{k:<5} {m:>4} {t:>5} {base:>9.1f} {us:>9.1f} {base / us:>6.2f}x "
+                      f"{blocks[t].nbytes / us / 1e3:>6.1f}")
+    print("load:", os.getloadavg())
+
+
+if __name__ == "__main__":
+    main()
