@@ -81,7 +81,8 @@ def test_serve_chat_endpoint_custom_dataset_detailed(server, model, tmp_path):
     res = json.loads((tmp_path / "r.json").read_text())
     assert res["backend"] == "openai-chat" and res["completed"] == 5 and res["failed"] == 0
     assert res["output_lens"] == [4] * 5 and res["total_output_tokens"] == 20
-    assert all(len(itl) >= 1 for itl in res["itls"]) and all(t > 0 for t in res["ttfts"])
+    # A gap per text chunk after the first: at most 3 for 4 tokens (a server may merge chunks).
+    assert all(len(itl) <= 3 for itl in res["itls"]) and all(t > 0 for t in res["ttfts"])
 
 
 def test_bad_dataset_line_is_refused_with_its_number(model, tmp_path):
