@@ -1,4 +1,5 @@
-"""The `jaxlm` console script: `jaxlm serve MODEL [flags]` (as `vllm serve`), `jaxlm --version`."""
+"""The `jaxlm` console script: `jaxlm serve MODEL [flags]` (as `vllm serve`), `jaxlm bench
+latency|throughput|serve` (as `vllm bench`), `jaxlm --version`."""
 
 from __future__ import annotations
 
@@ -13,13 +14,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         from jaxlm.serve.__main__ import main as serve_main
 
         return serve_main(argv[1:], prog="jaxlm serve")
+    if argv[:1] == ["bench"]:
+        from jaxlm.benchmarks.cli import main as bench_main
+
+        return bench_main(argv[1:], prog="jaxlm bench")
     from jaxlm import __version__
 
     parser = argparse.ArgumentParser(prog="jaxlm", description="jaxlm: LLM inference and serving on JAX/XLA.")
     parser.add_argument("--version", action="version", version=__version__)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     sub.add_parser("serve", help="OpenAI-compatible server (`jaxlm serve MODEL --help` for its flags)")
-    parser.parse_args(argv)  # exits with usage: `serve` itself is handled above
+    sub.add_parser("bench", help="benchmarks: latency, throughput, serve (`jaxlm bench --help`)")
+    parser.parse_args(argv)  # exits with usage: `serve` and `bench` are handled above
     return 2
 
 

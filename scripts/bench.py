@@ -35,8 +35,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import bench_engine  # noqa: E402  (scripts/bench_engine.py: what runs inside the engine processes)
-
+from jaxlm.benchmarks import bucket_engine  # noqa: E402  (what runs inside the engine processes)
 from jaxlm.benchmarks.workload import Workload, load_workload, synthetic_spec_within  # noqa: E402
 from jaxlm.config import CacheConfig, SchedulerConfig  # noqa: E402
 from jaxlm.worker.bucket_planner import derive_buckets, parse_bucket_spec  # noqa: E402
@@ -105,13 +104,12 @@ def _resolve_config(name: str, args, eng: dict, wl: Workload) -> dict:
 
 
 def _child(spec: dict, workdir: str) -> dict:
-    """Runs scripts/bench_engine.py on `spec` in a fresh process; its JSON result."""
+    """Runs jaxlm/benchmarks/bucket_engine.py on `spec` in a fresh process; its JSON result."""
     fd, spec_path = tempfile.mkstemp(suffix=".json", dir=workdir)
     out_path = spec_path + ".out"
     with os.fdopen(fd, "w") as f:
         json.dump(spec, f)
-    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bench_engine.py")
-    proc = subprocess.run([sys.executable, script, spec_path, out_path])
+    proc = subprocess.run([sys.executable, "-m", "jaxlm.benchmarks.bucket_engine", spec_path, out_path])
     if proc.returncode != 0:
         raise RuntimeError(f"the engine process for {spec['label']!r} failed (exit {proc.returncode})")
     with open(out_path) as f:
@@ -136,8 +134,8 @@ def run_config(cfg: dict, args, eng: dict, wl_path: str, workdir: str, roofline:
     return res
 
 
-def _fmt_ms(d: dict | None) -> str:
-    return "-" if not d else f"{d['p50'] * 1e3:.0f}/{d['p99'] * 1e3:.0f}"
+def _fmt_ms(r: dict, name: str) -> str:
+    return f"{r[f'median_{name}_ms']:.0f}/{r[f'p99_{name}_ms']:.0f}"
 
 
 def print_table(results: list[dict], hf: dict | None) -> None:
@@ -151,13 +149,13 @@ def print_table(results: list[dict], hf: dict | None) -> None:
         cached = f"{r['warmup_cached_s']:.1f}" if "warmup_cached_s" in r else "-"
         dev = f"{r['peak_device_mb']:.0f}" if r.get("peak_device_mb") else "-"
         print(f"{r['name']:<{w0}}{r['programs']:>6}{r['warmup_cold_s']:>12.1f}{cached:>13}{pad:>25}"
-              f"{r['output_tok_s']:>10.1f}{_fmt_ms(r['ttft_s']):>17}{_fmt_ms(r['tpot_s']):>17}"
+              f"{r['output_throughput']:>10.1f}{_fmt_ms(r, 'ttft'):>17}{_fmt_ms(r, 'tpot'):>17}"
               f"{r['peak_rss_mb']:>8.0f}{dev:>8}")
     if hf:
-        print(f"{'transformers':<{w0}}{'':>6}{'':>12}{'':>13}{'':>25}{hf['output_tok_s']:>10.1f}"
+        print(f"{'transformers':<{w0}}{'':>6}{'':>12}{'':>13}{'':>25}{hf['output_throughput']:>10.1f}"
               f"{'':>17}{'':>17}{hf['peak_rss_mb']:>8.0f}{'':>8}")
         for r in results:
-            print(f"  {r['name']}: {r['output_tok_s'] / hf['output_tok_s']:.2f}x transformers' output tok/s")
+            print(f"  {r['name']}: {r['output_throughput'] / hf['output_throughput']:.2f}x transformers' output tok/s")
     for r in results:
         if "flags" in r:
             print(f"  {r['name']} = {r['flags']}")
@@ -180,15 +178,14 @@ def plot(results: list[dict], hf: dict | None, path: str) -> None:
     import matplotlib.pyplot as plt
 
     names = [r["name"] for r in results] + (["transformers"] if hf else [])
-    tput = [r["output_tok_s"] for r in results] + ([hf["output_tok_s"]] if hf else [])
+    tput = [r["output_throughput"] for r in results] + ([hf["output_throughput"]] if hf else [])
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     a.bar(names, tput, color=["C0"] * len(results) + ["C3"] * bool(hf))
     a.set_ylabel("output tokens/s")
     a.set_title("throughput")
     x = np.arange(len(results))
-    for i, (key, q) in enumerate([("ttft_s", "p50"), ("ttft_s", "p99"), ("tpot_s", "p50"), ("tpot_s", "p99")]):
-        b.bar(x + (i - 1.5) * 0.2, [1e3 * r[key][q] if r[key] else 0 for r in results], 0.2,
-              label=f"{key[:4].upper()} {q}")
+    for i, key in enumerate(["median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms"]):
+        b.bar(x + (i - 1.5) * 0.2, [r[key] for r in results], 0.2, label=key)
     b.set_xticks(x, [r["name"] for r in results])
     b.set_yscale("log")
     b.set_ylabel("ms")
@@ -209,7 +206,7 @@ def bench_vs_hf(args, wl: Workload, mc) -> dict:
     torch.set_num_threads(os.cpu_count() or 2)
     path = mc.model
     if path.endswith(".gguf"):
-        path = bench_engine.gguf_as_safetensors(path, args.workdir)  # the dequantized weights jaxlm runs
+        path = bucket_engine.gguf_as_safetensors(path, args.workdir)  # the dequantized weights jaxlm runs
     model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     reqs = sorted(wl.requests, key=lambda r: len(r.prompt_token_ids))
     t0 = time.perf_counter()
@@ -228,7 +225,7 @@ def bench_vs_hf(args, wl: Workload, mc) -> dict:
     elapsed = time.perf_counter() - t0
     # Only the tokens each request asked for count; the rest of its batch's length is waste.
     n_out = sum(r.output_len for r in wl.requests)
-    return {"output_tok_s": n_out / elapsed, "total_s": elapsed, "batch": args.hf_batch,
+    return {"output_throughput": n_out / elapsed, "duration": elapsed, "batch": args.hf_batch,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
@@ -272,7 +269,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--host-overhead", action="store_true",
                    help="ms per decode step of a tiny model at batch 1/8/64, by part, sync and async scheduling")
     p.add_argument("--speculative-config", type=json.loads, default=None,
-                   help="compare speculative decoding (vLLM's JSON object) with none (scripts/bench_spec.py)")
+                   help="compare speculative decoding (vLLM's JSON object) with none (jaxlm/benchmarks/spec_decode.py)")
     p.add_argument("--spec-workload", choices=("copy", "novel", "random", "mixed"), default="copy")
     p.add_argument("--spec-batch", type=int, default=1, help="max_num_seqs of the speculative comparison")
     p.add_argument("--spec-also", type=json.loads, nargs="*", default=[],
@@ -306,16 +303,15 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     os.makedirs(args.workdir, exist_ok=True)
     if args.host_overhead:
-        import bench_host  # scripts/bench_host.py
+        from jaxlm.benchmarks import host_overhead
 
-        bench_host.bench_host_overhead(async_modes=(False, True))
+        host_overhead.bench_host_overhead(async_modes=(False, True))
         return
     if args.structured:
-        bench_engine.bench_structured(args.model, args.dtype)
+        bucket_engine.bench_structured(args.model, args.dtype)
         return
     if args.lora_modules is not None or args.lora_delta:
-        import bench_lora  # scripts/bench_lora.py
-
+        from jaxlm.benchmarks import lora as bench_lora
         from jaxlm.lora.module_path import parse_lora_module
 
         if args.lora_delta:
@@ -325,19 +321,17 @@ def main(argv: list[str] | None = None) -> None:
             bench_lora.bench_lora(args.model, args.dtype, modules, args.lora_rank, workdir=args.workdir)
         return
     if args.prefill:
-        import bench_prefill  # scripts/bench_prefill.py
-
+        from jaxlm.benchmarks import prefill as bench_prefill
         ints = lambda s: [int(n) for n in s.split(",") if n]  # noqa: E731
         bench_prefill.bench_prefill(args.model, ints(args.prefill_lens), args.prefill_reps, ints(args.prefill_profile),
                                     args.prefix_len, args.suffix_len, args.workdir, args.json, args.max_num_seqs,
                                     args.max_num_batched_tokens)
         return
     if args.sampling:
-        bench_engine.bench_sampling(args.model, args.dtype)
+        bucket_engine.bench_sampling(args.model, args.dtype)
         return
     if args.speculative_config is not None:
-        import bench_spec  # scripts/bench_spec.py
-
+        from jaxlm.benchmarks import spec_decode as bench_spec
         cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
         print(f"CPU {cpu}, {os.cpu_count()} cores, load average {os.getloadavg()}", flush=True)
         res = bench_spec.bench_spec(args.model, args.speculative_config, args.spec_workload, args.spec_batch,
@@ -348,8 +342,7 @@ def main(argv: list[str] | None = None) -> None:
                 json.dump(res, f, indent=2)
         return
     if args.moe:
-        import bench_moe  # scripts/bench_moe.py
-
+        from jaxlm.benchmarks import moe as bench_moe
         args.model = bench_moe.run(args)
     vocab, tok, mc = _model_info(args)
     try:

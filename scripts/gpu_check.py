@@ -7,7 +7,7 @@
   3. figures  a SmolLM2-shaped random checkpoint in bfloat16: decode tok/s at batch 1 and
               64, host ms per decode step beside the step's device ms, and the Pallas decode
               kernel's achieved HBM bandwidth beside JAX's bundled kernel
-              (scripts/bench_kernels.py).
+              (`jaxlm bench kernels`).
 
 Checkpoints are built here with transformers (random init, save_pretrained): nothing is
 downloaded. Exit status 0 when every check passed, 1 when one failed, 2 without a GPU
@@ -28,7 +28,7 @@ import time
 import traceback
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [_ROOT, os.path.join(_ROOT, "scripts"), os.path.join(_ROOT, "tests", "kernels_pallas")]
+sys.path[:0] = [_ROOT, os.path.join(_ROOT, "tests", "kernels_pallas")]
 
 # SmolLM2-135M's shape (config.json of HuggingFaceTB/SmolLM2-135M).
 SMOLLM2 = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
@@ -127,8 +127,8 @@ def decode_figures(path: str, batches: list[int], output_len: int, with_device: 
     """Decode tok/s per batch size (bf16), then host vs device ms per decode step."""
     import numpy as np
 
-    import bench_host
     from jaxlm import LLM, SamplingParams
+    from jaxlm.benchmarks import host_overhead as bench_host
 
     # Few buckets: a 30-layer body compiles in seconds per program on a GPU (19 programs).
     llm = LLM(model=path, dtype="bfloat16", max_num_seqs=max(batches), max_model_len=512,
@@ -159,7 +159,7 @@ def decode_figures(path: str, batches: list[int], output_len: int, with_device: 
 
 
 def kernel_bandwidth(interpret: bool) -> int:
-    args = [sys.executable, os.path.join(_ROOT, "scripts", "bench_kernels.py")]
+    args = [sys.executable, "-m", "jaxlm.bench", "kernels"]
     if interpret:
         args += ["--interpret", "--batch", "1", "--context", "64", "--iters", "1", "--num-heads", "4",
                  "--num-kv-heads", "1", "--head-dim", "64"]

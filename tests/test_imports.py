@@ -44,6 +44,18 @@ def test_console_script_help_is_light():
     assert out.stdout.startswith("usage: jaxlm serve")
 
 
+def test_bench_help_is_light():
+    """`jaxlm bench --help` and each subcommand's --help (engine flags included) load no jax."""
+    out = _run(
+        "import sys\nfrom jaxlm.cli import main\n"
+        "for argv in (['bench', '--help'], ['bench', 'throughput', '--help'], ['bench', 'latency', '--help'],\n"
+        "             ['bench', 'serve', '--help']):\n"
+        "    try:\n        main(argv)\n"
+        "    except SystemExit as e:\n        assert e.code == 0, e.code\n" + _CHECK)
+    assert "usage: jaxlm bench throughput" in out.stdout and "--max-num-batched-tokens" in out.stdout
+    assert "--max-concurrency" in out.stdout and "--num-iters-warmup" in out.stdout
+
+
 def test_executor_interface_does_not_import_its_implementations():
     _run("import sys, jaxlm.executor.abstract; "
          "assert 'jaxlm.executor.uniproc_executor' not in sys.modules")

@@ -20,7 +20,7 @@ K/V write: a separate XLA scatter, not fused. It moves T x Hkv x D x 2 elements 
 a read of the whole context (MBs); fusing needs the cache aliased as a kernel output plus
 ordering between programs (the program writing a page is not the one reading it under
 split-K), to save one small launch per layer. vLLM splits it the same way
-(reshape_and_cache). ``scripts/bench_kernels.py`` prints kernel vs. kernel+write so the
+(reshape_and_cache). ``jaxlm bench kernels`` prints kernel vs. kernel+write so the
 next GPU session can see what fusing would buy.
 """
 

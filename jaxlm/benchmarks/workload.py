@@ -121,7 +121,7 @@ def synthetic_spec_within(max_model_len: int) -> str:
     return f"synthetic:prompt={p_lo}-{p_hi},output={o_lo}-{o_hi}"
 
 
-def _jsonl(path: str, default_output_len: int) -> list[WorkloadRequest]:
+def read_jsonl(path: str, default_output_len: int) -> list[WorkloadRequest]:
     reqs = []
     with open(path) as f:
         for n, line in enumerate(f, 1):
@@ -131,15 +131,26 @@ def _jsonl(path: str, default_output_len: int) -> list[WorkloadRequest]:
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}:{n}: not JSON ({e})") from None
-            if not isinstance(rec, dict) or ("prompt" not in rec and "prompt_token_ids" not in rec):
-                raise ValueError(f"{path}:{n}: expected an object with 'prompt' or 'prompt_token_ids'")
-            out_len = rec.get("output_len", rec.get("max_tokens", default_output_len))
-            reqs.append(WorkloadRequest(int(out_len), prompt=rec.get("prompt"),
-                                        prompt_token_ids=rec.get("prompt_token_ids")))
+            reqs.append(_jsonl_request(rec, default_output_len, f"{path}:{n}"))
     return reqs
 
 
-def _sharegpt(path: str, default_output_len: int) -> list[WorkloadRequest]:
+def _jsonl_request(rec: Any, default_output_len: int, where: str) -> WorkloadRequest:
+    """One line of a prompts file, checked (ValueError naming file and line)."""
+    if not isinstance(rec, dict) or ("prompt" not in rec and "prompt_token_ids" not in rec):
+        raise ValueError(f"{where}: expected an object with 'prompt' or 'prompt_token_ids'")
+    prompt, ids = rec.get("prompt"), rec.get("prompt_token_ids")
+    if prompt is not None and (not isinstance(prompt, str) or not prompt):
+        raise ValueError(f"{where}: 'prompt' must be a non-empty string")
+    if ids is not None and (not isinstance(ids, list) or not ids or not all(isinstance(t, int) for t in ids)):
+        raise ValueError(f"{where}: 'prompt_token_ids' must be a non-empty list of integers")
+    out_len = rec.get("output_len", rec.get("max_tokens", default_output_len))
+    if isinstance(out_len, bool) or not isinstance(out_len, int) or out_len < 1:
+        raise ValueError(f"{where}: 'output_len' must be a positive integer, got {out_len!r}")
+    return WorkloadRequest(out_len, prompt=prompt, prompt_token_ids=ids)
+
+
+def read_sharegpt(path: str, default_output_len: int) -> list[WorkloadRequest]:
     with open(path) as f:
         data = json.load(f)
     if not isinstance(data, list):
@@ -169,7 +180,7 @@ def load_workload(spec: str, vocab_size: int, default_output_len: int = 128,
                                   _range(opts["output"], "output"), vocab_size, int(opts["seed"]))
     if not os.path.isfile(spec):
         raise ValueError(f"workload {spec!r}: not 'synthetic[:...]' nor a file")
-    reqs = _jsonl(spec, default_output_len) if spec.endswith(".jsonl") else _sharegpt(spec, default_output_len)
+    reqs = read_jsonl(spec, default_output_len) if spec.endswith(".jsonl") else read_sharegpt(spec, default_output_len)
     if not reqs:
         raise ValueError(f"workload {spec!r} holds no usable request")
     return Workload(os.path.basename(spec), reqs[:num] if num else reqs)

@@ -23,7 +23,7 @@ it as is; ``rollback(n)`` undoes tokens (speculative or asynchronous steps), and
 Vocabulary: masks are sized by the *model's* vocabulary ``V`` (``ceil(V/32)`` int32 words per
 row); ids the tokenizer does not define (a padded embedding) are never allowed.
 
-Measured (scripts/bench_structured.py, SmolLM2's tokenizer, V = 49152, a 2-CPU host): tokenizer
+Measured (scripts/dev/bench_structured.py, SmolLM2's tokenizer, V = 49152, a 2-CPU host): tokenizer
 0.7-1 s once; a 7-property JSON schema compiles in ~0.7 ms (regex/choice/Lark alike), ~0.03 ms
 cached; one mask fill is ~21 us median / ~0.14 ms p90 for one row, ~7 us per row batched (16-64
 rows; p90 ~0.1 ms per row inside free-text strings); accepting a token ~1 us. The mask for step

@@ -142,7 +142,7 @@ class ModelRunner:
         self.compile_guard = CompileGuard()
         # Padding waste: real vs computed tokens, rows, pages, samples (scripts/bench.py reports it).
         self.padding = PaddingStats()
-        # Benchmarks only: an object with mark() and lap(part) (scripts/bench_host.py StepTimer).
+        # Benchmarks only: an object with mark() and lap(part) (jaxlm/benchmarks/host_overhead.py StepTimer).
         self.step_timer: Any | None = None
 
     # The request state's parts under the runner's names (the engine, benches and tests use them).

@@ -92,31 +92,3 @@ def test_metrics_types_presence_and_movement(real_server):
         grew("vllm:request_queue_time_seconds") + grew("vllm:request_prefill_time_seconds"))
     assert grew("vllm:request_inference_time_seconds") == pytest.approx(
         grew("vllm:request_prefill_time_seconds") + grew("vllm:request_decode_time_seconds"), abs=1e-3)
-
-
-def test_bench_serve_writes_vllm_bench_keys(real_server, tmp_path, monkeypatch):
-    """scripts/bench_serve.py against the server: `vllm bench serve`'s JSON keys, numpy percentiles."""
-    import importlib.util
-    import json
-    import os
-    import sys
-
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "bench_serve.py")
-    spec = importlib.util.spec_from_file_location("bench_serve", path)
-    bench = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "bench_serve", bench)  # its dataclasses look their module up
-    spec.loader.exec_module(bench)
-    out = tmp_path / "result.json"
-    rc = bench.main(["--base-url", real_server.base, "--num-prompts", "6", "--input-len", "20", "--output-len", "5",
-                     "--vocab-low", "3", "--vocab-high", "380", "--metric-percentiles", "50,99",
-                     "--percentile-metrics", "ttft,tpot,itl,e2el", "--result-json", str(out)])
-    assert rc == 0
-    result = json.loads(out.read_text())
-    assert result["completed"] == 6 and result["total_output_tokens"] == 30 and result["total_input_tokens"] == 120
-    for metric in ("ttft", "tpot", "itl", "e2el"):
-        for stat in ("mean", "median", "std", "p50", "p99"):
-            assert f"{stat}_{metric}_ms" in result, (stat, metric)
-        assert 0 < result[f"p50_{metric}_ms"] <= result[f"p99_{metric}_ms"]
-        assert result[f"median_{metric}_ms"] == pytest.approx(result[f"p50_{metric}_ms"])
-    assert result["output_throughput"] == pytest.approx(30 / result["duration"])
-    assert len(result["itls"]) == 6 and all(len(itl) <= 4 for itl in result["itls"])

@@ -1,5 +1,6 @@
-"""Step time under pipeline parallel vs one device, on 8 CPU host devices (a sanity check only:
-the host devices share this machine's cores).
+"""Step time under pipeline parallel vs one device, on 8 CPU host devices (a sanity check).
+
+The host devices share this machine's cores: the figures only show that the stages overlap.
 
     python scripts/bench_pipeline.py [--pp 1 2] [--layers 8] [--hidden 256]
 
@@ -21,7 +22,7 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from jaxlm import LLM, SamplingParams  # noqa: E402
 from tests.helpers import tiny_models as tm  # noqa: E402

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Decode attention benchmark: kernels_pallas vs JAX's bundled Pallas paged attention vs XLA.
 
-    python scripts/bench_kernels.py                 # batch 1/16/64 x context 512/2k/8k, bf16
-    python scripts/bench_kernels.py --batch 1 --context 8192 --peak-gbps 3350
+    jaxlm bench kernels                 # batch 1/16/64 x context 512/2k/8k, bf16
+    jaxlm bench kernels --batch 1 --context 8192 --peak-gbps 3350
 
 For each shape it checks ours against the XLA reference, then reports time per call and the
 achieved HBM bandwidth: the bytes that *must* be read (every context token's K and V of every
@@ -25,11 +25,8 @@ Needs a GPU: without one it prints why and exits with status 2.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -169,8 +166,8 @@ def fmt(t: float | None, nbytes_mb: float, peak: float | None) -> str:
     return f"{t * 1e6:8.1f}us {gbps:6.0f}GB/s {pct}"
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="jaxlm bench kernels", description=__doc__.split("\n")[0])
     p.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64])
     p.add_argument("--context", type=int, nargs="+", default=[512, 2048, 8192])
     p.add_argument("--num-heads", type=int, default=32)
@@ -183,14 +180,14 @@ def main() -> int:
     p.add_argument("--json", default=None, help="also write the rows (seconds) to this file")
     p.add_argument("--interpret", action="store_true",
                    help="smoke-test this script on CPU (interpret mode; timings meaningless)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
 
     gpus = [d for d in jax.devices() if d.platform == "gpu"]
     if args.interpret:
         gpus = gpus or jax.devices()
         print("interpret mode: checking the script runs; the timings below mean nothing")
     elif not gpus:
-        print(f"bench_kernels: no GPU found (jax backend is {jax.default_backend()!r}); the "
+        print(f"jaxlm bench kernels: no GPU found (jax backend is {jax.default_backend()!r}); the "
               "Pallas GPU kernels only run in interpret mode here, whose timings mean "
               "nothing. Run this on a CUDA machine with jax[cuda12] or jax[cuda13].")
         return 2

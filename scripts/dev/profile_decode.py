@@ -24,8 +24,8 @@ import re
 import sys
 import tempfile
 
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [_ROOT, os.path.join(_ROOT, "scripts")]
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, _ROOT)
 
 CLASSES = ("matmul", "logits", "attention", "kv write", "norm", "rope", "sampler", "other")
 

@@ -1,8 +1,8 @@
 """Server start-up: seconds from the command to the first 200 on /health, cold and warm.
 
-    python scripts/bench_startup.py                      # default model: 1 cold + 3 warm starts
-    python scripts/bench_startup.py --warm 5 --timeline  # also each log line's second
-    python scripts/bench_startup.py --cold 0 --warm 3 --first-request --alt="--no-defer-program-load"
+    jaxlm bench startup                      # default model: 1 cold + 3 warm starts
+    jaxlm bench startup --warm 5 --timeline  # also each log line's second
+    jaxlm bench startup --cold 0 --warm 3 --first-request --alt="--no-defer-program-load"
 
 Cold: a fresh cache directory (no compiled programs, no converted tokenizer or weights). Warm:
 the same directory again, as a restarted server finds it. --first-request also sends one
@@ -126,8 +126,8 @@ def _show(r: dict) -> str:
     return f"{r['health']:.1f} s{extra}"
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="jaxlm bench startup", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cold", type=int, default=1, help="cold starts (each with a fresh cache directory)")
     p.add_argument("--warm", type=int, default=3, help="warm starts after the first cold one")
     p.add_argument("--timeline", action="store_true", help="print each start's log lines with their second")
@@ -138,7 +138,7 @@ def main() -> None:
                         "or background compile")
     p.add_argument("--alt", default=None, help="extra serve arguments for an interleaved second run of each warm start")
     p.add_argument("serve_args", nargs="*", help="arguments for python -m jaxlm.serve (after --)")
-    a = p.parse_args()
+    a = p.parse_args(argv)
     root = tempfile.mkdtemp(prefix="jaxlm_startup_")
     try:
         cache = a.cache_dir or os.path.join(root, "cache")

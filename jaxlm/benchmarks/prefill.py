@@ -22,14 +22,12 @@ import json
 import os
 import re
 import statistics
-import sys
 import tempfile
 import time
 from typing import Callable
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def _timed(fn: Callable[[], object]) -> tuple[float, float]:
@@ -44,7 +42,7 @@ def _median(xs: list[tuple[float, float]]) -> tuple[float, float]:
 
 def _checkpoint(model: str | None, workdir: str) -> str:
     """A safetensors directory both engines read: the model, or the GGUF dequantized."""
-    import bench_engine  # scripts/bench_engine.py
+    from jaxlm.benchmarks import bucket_engine as bench_engine
 
     from jaxlm.model_loader.formats import default_model_path
 

@@ -1,6 +1,6 @@
 """The engine side of scripts/bench.py: one process per bucket configuration and phase.
 
-    python scripts/bench_engine.py SPEC.json OUT.json
+    python -m jaxlm.benchmarks.bucket_engine SPEC.json OUT.json
 
 SPEC: {"label", "phase": "warmup" | "serve", "engine": LLM(...) keywords, "workload": path,
 "roofline": bool}. "warmup" builds the engine (compiling every program) and reports the warm-up;
@@ -19,16 +19,13 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from jaxlm.benchmarks.metrics import calculate_metrics
+from jaxlm.benchmarks.offline import outcomes_from_outputs
+from jaxlm.benchmarks.throughput import OFFLINE_METRICS
+
 
 # Peaks of known accelerators (bytes/s of memory, dense bf16 FLOP/s), reported next to the measured ones.
 _SPEC_PEAKS = {"H100": (3.35e12, 989e12), "H200": (4.8e12, 989e12), "A100": (2.0e12, 312e12)}
-
-
-def _pcts(xs: list[float]) -> dict | None:
-    if not xs:
-        return None
-    return {"p50": float(np.percentile(xs, 50)), "p99": float(np.percentile(xs, 99)), "mean": float(np.mean(xs))}
 
 
 def _peak_device_mb() -> float | None:
@@ -40,7 +37,8 @@ def _peak_device_mb() -> float | None:
 
 
 def serve_workload(llm, requests: list[dict], label: str) -> dict:
-    """Adds each request at its arrival time, steps until all finish; per-request latencies."""
+    """Adds each request at its arrival time, steps until all finish; the serving keys of
+    jaxlm/benchmarks/metrics.py (request_throughput, output_throughput, *_ttft_ms, *_tpot_ms, ...)."""
     from tqdm import tqdm
 
     from jaxlm import SamplingParams
@@ -66,15 +64,9 @@ def serve_workload(llm, requests: list[dict], label: str) -> dict:
             time.sleep(min(pending[-1][1]["arrival_time"] - now, 0.05))
     elapsed = time.time() - start
     bar.close()
-    ttft, tpot, n_out = [], [], 0
-    for o in done:
-        m, n = o.metrics, len(o.outputs[0].token_ids)
-        n_out += n
-        ttft.append(m.first_token_ts - m.arrival_time)
-        if n > 1:
-            tpot.append((m.last_token_ts - m.first_token_ts) / (n - 1))
-    return {"output_tok_s": n_out / elapsed, "total_s": elapsed, "num_output_tokens": n_out,
-            "ttft_s": _pcts(ttft), "tpot_s": _pcts(tpot)}
+    # Timed from each request's arrival (as a client times from sending it): vLLM's serving keys.
+    outcomes = outcomes_from_outputs(done, start)
+    return calculate_metrics(outcomes, elapsed, OFFLINE_METRICS.split(","), [50, 99])
 
 
 def _median_seconds(fn, reps: int = 5) -> float:
@@ -143,7 +135,7 @@ def roofline(llm, served: dict, padding) -> dict:
     vh = int(hf.vocab_size) * int(hf.hidden_size)
     embeddings = vh if getattr(hf, "tie_word_embeddings", False) else 2 * vh
     flops = 2 * (params - embeddings) * padding.real_tokens + 2 * vh * padding.real_samples
-    achieved = flops / served["total_s"]
+    achieved = flops / served["duration"]
     return dict(limits, weight_bytes=weight_bytes, bytes_per_token=bytes_per_token, b1_decode_tok_s=b1,
                 b1_bandwidth_bound_tok_s=bound, b1_pct_of_bandwidth_bound=b1 / bound,
                 batched_gflop_s=achieved / 1e9,

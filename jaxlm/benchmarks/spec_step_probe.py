@@ -1,4 +1,4 @@
-"""Per-step accounting for scripts/bench_spec.py: how many engine steps verified drafts, tokens
+"""Per-step accounting for jaxlm/benchmarks/spec_decode.py: how many engine steps verified drafts, tokens
 per step, and the wall time of each kind of step.
 
 Acceptance alone misleads: it only counts the steps that had drafts. Here every step the

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout (tests.helpers)
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 

@@ -1,9 +1,9 @@
 """Host overhead per decode step, this checkout against another one, interleaved in one run.
 
-    python scripts/bench_ab.py --vs /tmp/base875 --batches 1 64 --rounds 3
+    jaxlm bench host-overhead --vs /tmp/base875 --batches 1 64 --rounds 3
 
 Two child processes, one per checkout (jaxlm imported from that tree; the measuring code is
-scripts/bench_host.py from this one, which runs against any checkout), each build the same
+jaxlm/benchmarks/host_overhead.py from this one, which runs against any checkout), each build the same
 tiny model's engine once; then every round asks each child in turn (the order alternating
 between rounds) for one measurement per batch size. The machine's speed drifts, so the ratio
 is taken round by round and its median printed beside the medians of each side.
@@ -19,8 +19,7 @@ import subprocess
 import sys
 import tempfile
 
-_SCRIPTS = os.path.dirname(os.path.abspath(__file__))
-_HERE = os.path.dirname(_SCRIPTS)
+_HERE = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # this checkout
 _TAG = "@@ab "
 
 
@@ -28,7 +27,7 @@ def _child_main(model_dir: str, async_mode: str) -> None:
     """In a child: build the engine, then answer one JSON request per stdin line."""
     import logging
 
-    import bench_host
+    bench_host = _load_sibling("host_overhead")
 
     logging.getLogger("jaxlm").setLevel(logging.WARNING)
     mode = {"default": None, "on": True, "off": False}[async_mode]
@@ -42,10 +41,22 @@ def _child_main(model_dir: str, async_mode: str) -> None:
         print(_TAG + json.dumps(r), flush=True)
 
 
+def _load_sibling(name: str):
+    """This checkout's measuring module by its path, so the child's jaxlm is its own tree's."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"_ab_{name}", os.path.join(os.path.dirname(__file__), f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 class _Child:
     def __init__(self, tree: str, model_dir: str, async_mode: str) -> None:
-        boot = (f"import sys; sys.path[:0] = [{tree!r}, {_SCRIPTS!r}]; import bench_ab; "
-                f"bench_ab._child_main({model_dir!r}, {async_mode!r})")
+        boot = (f"import importlib.util, sys; sys.path.insert(0, {tree!r}); "
+                f"spec = importlib.util.spec_from_file_location('_ab', {os.path.abspath(__file__)!r}); "
+                f"m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); "
+                f"m._child_main({model_dir!r}, {async_mode!r})")
         env = {**os.environ, "PYTHONPATH": tree}
         self.tree = tree
         self.proc = subprocess.Popen([sys.executable, "-c", boot], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -74,7 +85,8 @@ def _parts(r: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="jaxlm bench host-overhead", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--vs", required=True, help="the other checkout (e.g. a `git worktree add` of the baseline)")
     p.add_argument("--batches", type=int, nargs="+", default=[1, 64])
     p.add_argument("--rounds", type=int, default=3)

@@ -1,4 +1,4 @@
-"""Host overhead per decode step (scripts/bench.py --host-overhead).
+"""Host overhead per decode step (`jaxlm bench host-overhead`, scripts/bench.py --host-overhead).
 
 A tiny 2-layer Llama (float32, random weights, built with transformers) has near-zero device
 time, so the wall time of its decode step is the engine's own overhead. For each batch size it
@@ -265,13 +265,22 @@ def print_row(r: dict) -> None:
               f"{r['ms_median'] / r['device_ms']:.2f}", flush=True)
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> None:
+    """`jaxlm bench host-overhead` (with --vs DIR: this checkout against another, jaxlm/benchmarks/host_ab.py)."""
     import argparse
     import os
     import sys
 
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    p = argparse.ArgumentParser(description=__doc__)
+    if argv and any(a == "--vs" or a.startswith("--vs=") for a in argv):
+        from jaxlm.benchmarks import host_ab
+
+        host_ab.main(argv)
+        return
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # tests.helpers
+    p = argparse.ArgumentParser(prog="jaxlm bench host-overhead", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="--vs DIR [--batches ...] [--rounds N]: this checkout against another, "
+                                       "interleaved (jaxlm/benchmarks/host_ab.py)")
     p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64])
     p.add_argument("--async-modes", nargs="+", default=["default"], choices=["default", "on", "off"])
     p.add_argument("--model", default="tiny", help="tiny (default), 'default' (the engine's) or a path")
@@ -284,9 +293,13 @@ if __name__ == "__main__":
     p.add_argument("--throughput", action="store_true", help="also 64 x (128 in, 128 out) output tok/s per round")
     p.add_argument("--tiny-size", type=int, nargs=2, default=(None, None), metavar=("HIDDEN", "LAYERS"),
                    help="a larger tiny model, e.g. 1024 8: device time per step near the host's")
-    a = p.parse_args()
+    a = p.parse_args(argv)
     bench_host_overhead(tuple(a.batches), output_len=a.output_len,
                         async_modes=tuple({"default": None, "on": True, "off": False}[m] for m in a.async_modes),
                         model=None if a.model == "default" else a.model, rounds=a.rounds,
                         with_device=a.device_time, trace_steps=a.trace, with_throughput=a.throughput,
                         tiny_size=tuple(a.tiny_size))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,15 +1,10 @@
-"""scripts/spec_step_probe.py: each scheduled step is counted once, by kind (verify when a request
+"""jaxlm/benchmarks/spec_step_probe.py: each scheduled step is counted once, by kind (verify when a request
 verifies drafts, one-token decode, else prefill), with the wall time of the engine-core step that
 ran it; empty schedules are not steps; the summary's share and tokens per step follow."""
 
-import importlib.util
-import os
 import types
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-_spec = importlib.util.spec_from_file_location("spec_step_probe", os.path.join(ROOT, "scripts", "spec_step_probe.py"))
-probe_mod = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(probe_mod)
+from jaxlm.benchmarks import spec_step_probe as probe_mod
 
 
 def _so(tokens: dict, drafts: dict | None = None):

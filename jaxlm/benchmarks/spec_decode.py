@@ -15,7 +15,7 @@ are built once and run in turn, --spec-reps times; it prints each one's median o
 decode tok/s, the ratio to the engine without speculation, and the speculating engines'
 acceptance rate, mean acceptance length (drafts + bonus per verify step) and per-position rates, and
 for every engine its steps: the share that verified drafts, output tokens per step, median step
-times by kind (scripts/spec_step_probe.py).
+times by kind (jaxlm/benchmarks/spec_step_probe.py).
 "model": "SAME" in the config stands for the target model (the draft = target check).
 """
 
@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 import numpy as np
-from spec_step_probe import StepProbe, describe, summarize
+from jaxlm.benchmarks.spec_step_probe import StepProbe, describe, summarize
 
 PARAGRAPHS = [
     "The river town woke slowly. Fishermen pushed their boats into the grey water while the baker "
