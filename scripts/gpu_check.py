@@ -150,7 +150,9 @@ def decode_figures(path: str, batches: list[int], output_len: int, with_device: 
         print(f"  batch {b:>3}: decode {statistics.median(rates):,.0f} tok/s (128 in, {output_len} out, bf16)",
               flush=True)
     for b in batches:
-        r = bench_host.measure_batch(llm, b, 16, min(output_len, 64), with_device=with_device)
+        # As the decode figures above: final outputs only, no text (LLM.generate with detokenize=False).
+        r = bench_host.measure_batch(llm, b, 16, min(output_len, 64), with_device=with_device,
+                                     output_kind="FINAL_ONLY", detokenize=False)
         dev = f"; device alone {r['device_ms']:.2f} ms (body + sampler replayed back to back)" \
             if "device_ms" in r else ""
         parts = "  ".join(f"{p} {100 * s:.0f}%" for p, s in r["shares"].items())
@@ -165,7 +167,10 @@ def kernel_bandwidth(interpret: bool) -> int:
                  "--num-kv-heads", "1", "--head-dim", "64"]
     else:
         args += ["--batch", "1", "64", "--context", "512", "4096", "--iters", "20"]
-    return subprocess.run(args, cwd=_ROOT).returncode
+    # This process holds JAX's GPU pre-allocation (75% of the card): the child takes what it uses
+    # from the rest instead of trying to pre-allocate 75% too ("Failed to allocate" retries).
+    env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    return subprocess.run(args, cwd=_ROOT, env=env).returncode
 
 
 def main() -> int:

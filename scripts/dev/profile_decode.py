@@ -1,7 +1,7 @@
 """The compiled batch-1 decode step, op by op: where its time goes.
 
-    python scripts/profile_decode.py                  # the default model (SmolLM2 GGUF)
-    python scripts/profile_decode.py --model DIR      # any checkpoint
+    python scripts/dev/profile_decode.py                  # the default model (SmolLM2 GGUF)
+    python scripts/dev/profile_decode.py --model DIR      # any checkpoint
 
 Decodes one request until the step is a steady batch-1 decode, then replays that step's two
 programs (body: the model + KV writes; sampler: logits + sampling) under the JAX profiler. Each
