@@ -131,9 +131,13 @@ async def send_request(client: Any, url: str, body: dict[str, Any], prompt_len: 
                     texts.append(text)
         out.latency = last - start
         out.generated_text = "".join(texts)
-        out.success = bool(texts)
+        # Tokens that decode to no text (special or partial-byte tokens) are still tokens served.
+        out.success = bool(texts) or out.output_tokens > 0
         if not texts:
-            out.error = "the stream carried no text"
+            if out.success:
+                out.ttft = out.latency = time.perf_counter() - start
+            else:
+                out.error = "the stream carried no text"
     except (httpx.HTTPError, json.JSONDecodeError) as e:
         out.error = f"{type(e).__name__}: {e}"
     return out
