@@ -105,7 +105,7 @@ def resolve_model_config(model_config: ModelConfig, load_config: LoadConfig) -> 
         hf_config=hf_config,
         dtype=resolve_dtype(model_config.dtype, hf_config),
         max_model_len=resolve_max_model_len(model_config.max_model_len, hf_config),
-        quantization=model_config.quantization or checkpoint_quant_method(hf_config),
+        quantization=model_config.quantization or _default_quantization(hf_config),
     )
     logger.info(
         "model %s (%s, %s): dtype %s, max_model_len %d, quantization %s",
@@ -113,6 +113,14 @@ def resolve_model_config(model_config: ModelConfig, load_config: LoadConfig) -> 
         resolved.quantization or "none",
     )
     return resolved
+
+
+def _default_quantization(hf_config) -> str | None:
+    """The checkpoint's method, but a GGUF file dequantized ("none") unless --quantization gguf asks
+    for its blocks: the block kernels' int8 activations change SmolLM2's greedy chat answers
+    against the float path (issue 37 keeps them opt-in until they are held to llama.cpp's logits)."""
+    method = checkpoint_quant_method(hf_config)
+    return "none" if method == "gguf" else method
 
 
 def checkpoint_quant_method(hf_config: Any) -> str | None:

@@ -1,4 +1,4 @@
-"""GGUF weights kept in their blocks (``--quantization gguf``, the default for .gguf files)
+"""GGUF weights kept in their blocks (``--quantization gguf``; a .gguf file is dequantized without it)
 against the same file dequantized to float (``--quantization none``).
 
 A tiny Llama (tied embedding, so the LM head runs through the kernel too) is written by the
@@ -111,8 +111,8 @@ def test_type_without_kernel_is_dequantized_with_one_log_line(tiny_tied, tmp_pat
 
 
 def test_llm_quantization_flag(tiny_tied, tmp_path):
-    """``LLM(model=file.gguf)`` keeps the Q8_0 tensors in blocks (the flag's default for GGUF);
-    ``quantization="none"`` serves the same file dequantized. Both generate; the block engine's
+    """``LLM(model=file.gguf, quantization="gguf")`` keeps the Q8_0 tensors in blocks;
+    without the flag (or ``"none"``) the same file is served dequantized. Both generate; the block engine's
     weights take the file's bytes (Q8_0: 34 bytes per 32 values, float32: 128)."""
     from jaxlm import LLM, SamplingParams
 
@@ -123,7 +123,7 @@ def test_llm_quantization_flag(tiny_tied, tmp_path):
                   seq_buckets=[2], num_gpu_blocks_override=8)
     sp = SamplingParams(max_tokens=6, temperature=0.0)
     nbytes = {}
-    for quantization in (None, "none"):
+    for quantization in ("gguf", None):
         llm = LLM(model=path, tokenizer=tiny_tied, quantization=quantization, **engine)
         out = llm.generate([{"prompt_token_ids": [5, 6, 7, 8]}], sp, use_tqdm=False)
         assert len(out[0].outputs[0].token_ids) == 6
@@ -131,7 +131,7 @@ def test_llm_quantization_flag(tiny_tied, tmp_path):
         leaves = [v.get_value() for _, v in nnx.to_flat_state(params)]
         nbytes[quantization] = sum(x.nbytes for x in leaves)
         q_proj = params["model"]["layers"][0]["self_attn"]["q_proj"]
-        assert ("qweight" in q_proj) == (quantization is None), list(q_proj)
+        assert ("qweight" in q_proj) == (quantization == "gguf"), list(q_proj)
         del llm
     # the 2-D weights: 34/128 of float32's bytes; the norms stay float32 in both
-    assert nbytes[None] < 0.3 * nbytes["none"], nbytes
+    assert nbytes["gguf"] < 0.3 * nbytes[None], nbytes

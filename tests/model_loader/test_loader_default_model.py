@@ -79,7 +79,7 @@ def test_gguf_block_decode_agrees_with_the_dequantized_weights():
     from tests.helpers.paged_batch import PagedBatchBuilder, make_kv_caches
 
     lc = LoadConfig()
-    mc = resolve_model_config(ModelConfig(), lc)
+    mc = resolve_model_config(ModelConfig(quantization="gguf"), lc)
     assert mc.quantization == "gguf"
     model = get_model(mc, lc, attn_backend=get_attention_backend("xla"))
     assert model.model.layers[0].mlp.down_proj.qweight[...].dtype == np.uint8

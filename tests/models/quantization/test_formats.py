@@ -72,7 +72,7 @@ def _config_with(quant: dict):
 
 @pytest.mark.parametrize("quant, match", [
     ({"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": True}, "desc_act=true"),
-    ({"quant_method": "bitsandbytes"}, r"'bitsandbytes' is not supported.*awq, compressed-tensors, fp8, gptq"),
+    ({"quant_method": "bitsandbytes"}, r"'bitsandbytes' is not supported.*awq, compressed-tensors, fp8, gguf, gptq"),
     ({"quant_method": "fp8", "weight_block_size": [128, 128]}, "block-wise"),
     ({"quant_method": "awq", "w_bit": 3, "q_group_size": 128}, "3-bit"),
 ])

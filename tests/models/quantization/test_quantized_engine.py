@@ -140,5 +140,5 @@ def test_unsupported_quant_method_fails_the_llm_naming_it(setup, tmp_path):
     with open(path / "config.json", "w") as f:
         json.dump(config, f)
     with pytest.raises(ValueError, match="'bitsandbytes' is not supported by jaxlm; supported: awq, "
-                                         "compressed-tensors, fp8, gptq"):
+                                         "compressed-tensors, fp8, gguf, gptq"):
         LLM(model=str(path), max_num_seqs=2, max_model_len=64)
