@@ -165,6 +165,27 @@ inline void for_each_chunk(const Shape& s, const int32_t* table, const KV* base,
 }
 
 // attend_head for an fp8 cache: the same passes (scores, exact softmax, V) over float chunks.
+// Each of the G heads' n scores (the rows of sc): soft-capped when cap > 0, then exp(s - max)
+// in place; 1 / their sum into inv_l (the division is left to the V pass).
+inline void softmax_rows(float* sc, int64_t G, int64_t n, float cap, float* inv_l) {
+  for (int64_t g = 0; g < G; ++g) {
+    float* sg = sc + g * n;
+    if (cap > 0.0f) {
+#pragma omp simd
+      for (int64_t x = 0; x < n; ++x) sg[x] = cap * std::tanh(sg[x] / cap);
+    }
+    float m = -3.0e38f, l = 0.0f;
+#pragma omp simd reduction(max : m)
+    for (int64_t x = 0; x < n; ++x) m = std::max(m, sg[x]);
+#pragma omp simd reduction(+ : l)
+    for (int64_t x = 0; x < n; ++x) {
+      sg[x] = std::exp(sg[x] - m);
+      l += sg[x];
+    }
+    inv_l[g] = 1.0f / l;
+  }
+}
+
 template <typename KV, int kD>
 void attend_head_fp8(const Args& a, int64_t t, int64_t h, std::vector<float>& scratch) {
   const Shape& s = a.s;
@@ -197,22 +218,7 @@ void attend_head_fp8(const Args& a, int64_t t, int64_t h, std::vector<float>& sc
     }
   });
   float inv_l[G];
-  for (int64_t g = 0; g < G; ++g) {
-    float* sg = sc + g * n;
-    if (a.cap > 0.0f) {
-#pragma omp simd
-      for (int64_t x = 0; x < n; ++x) sg[x] = a.cap * std::tanh(sg[x] / a.cap);
-    }
-    float m = -3.0e38f, l = 0.0f;
-#pragma omp simd reduction(max : m)
-    for (int64_t x = 0; x < n; ++x) m = std::max(m, sg[x]);
-#pragma omp simd reduction(+ : l)
-    for (int64_t x = 0; x < n; ++x) {
-      sg[x] = std::exp(sg[x] - m);
-      l += sg[x];
-    }
-    inv_l[g] = 1.0f / l;
-  }
+  softmax_rows(sc, G, n, a.cap, inv_l);
   for_each_chunk<KV, kD>(s, table, vc, h, lo, hi, buf, [&](int64_t j0, const float* rows, int64_t count) {
     for (int64_t g = 0; g < G; ++g) {
       float* og = o + g * D;
@@ -273,22 +279,7 @@ void attend_head(const Args& a, int64_t t, int64_t h, std::vector<float>& scratc
     }
   });
   float inv_l[G];
-  for (int64_t g = 0; g < G; ++g) {
-    float* sg = sc + g * n;
-    if (a.cap > 0.0f) {
-#pragma omp simd
-      for (int64_t x = 0; x < n; ++x) sg[x] = a.cap * std::tanh(sg[x] / a.cap);
-    }
-    float m = -3.0e38f, l = 0.0f;
-#pragma omp simd reduction(max : m)
-    for (int64_t x = 0; x < n; ++x) m = std::max(m, sg[x]);
-#pragma omp simd reduction(+ : l)
-    for (int64_t x = 0; x < n; ++x) {
-      sg[x] = std::exp(sg[x] - m);
-      l += sg[x];
-    }
-    inv_l[g] = 1.0f / l;
-  }
+  softmax_rows(sc, G, n, a.cap, inv_l);
   // One query head at a time, its D sums in registers across the keys when D is known (the
   // head's V rows stay in L1 for the group's next query head).
   for (int64_t g = 0; g < G; ++g) {
