@@ -11,7 +11,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Generic, TypeVar
 
-import numpy as np
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # `import jaxlm` stays free of numpy (tests/structured_output: the params are light)
+    import numpy as np
 
 
 @dataclasses.dataclass
@@ -47,6 +50,8 @@ class ClassificationOutput:
 
     @classmethod
     def from_base(cls, out: PoolingOutput) -> "ClassificationOutput":
+        import numpy as np
+
         return cls(probs=np.asarray(out.data).reshape(-1).tolist())
 
 
@@ -56,6 +61,8 @@ class ScoringOutput:
 
     @classmethod
     def from_base(cls, out: PoolingOutput) -> "ScoringOutput":
+        import numpy as np
+
         data = np.asarray(out.data).reshape(-1)
         if data.size != 1:
             raise ValueError(f"a score is one number; the model gave {data.size} (a classifier of several labels)")
@@ -95,4 +102,4 @@ class ScoringRequestOutput(PoolingRequestOutput[ScoringOutput]):
 
 def as_plain(value: Any) -> Any:
     """numpy → lists/floats (JSON)."""
-    return value.tolist() if isinstance(value, np.ndarray) else value
+    return value.tolist() if hasattr(value, "tolist") and not isinstance(value, (int, float)) else value
