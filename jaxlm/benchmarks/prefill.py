@@ -110,6 +110,7 @@ def suffix_vs_fresh(llm, prefix: int, suffix: int, reps: int, draw: Callable[[in
 # of these (file part, function part) pairs matches.
 _CATEGORIES = [
     ("KV writes", ("/attention/", "write_kv")),
+    ("KV writes", ("/attention/", "scatter_kv")),  # kv_quant's scatter, innermost under write_kv
     ("attention", ("/attention/", "")),
     ("attention", ("/kernels_pallas/", "")),
     ("rope", ("/rotary.py", "")),

@@ -133,9 +133,10 @@ class EngineStatsCollector:
         if self.model_config is not None and self.model_config.weight_bytes:
             weights = GaugeMetricFamily("vllm:model_weight_bytes",
                                         "Bytes the model's weights take on the devices (quantized in their own bytes).",
-                                        labels=["model_name", "quantization"])
-            weights.add_metric([self.model_name, self.model_config.quantization or "none"],
-                               float(self.model_config.weight_bytes))
+                                        labels=["model_name", "quantization", "engine"])
+            for index in range(len(engines)):  # every engine core holds its own copy
+                weights.add_metric([self.model_name, self.model_config.quantization or "none", str(index)],
+                                   float(self.model_config.weight_bytes))
             yield weights
 
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import os
 
-os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+if __name__ == "__main__":  # its own process; a test importing its cases keeps the suite at one device
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 
 import json  # noqa: E402
 import sys  # noqa: E402
