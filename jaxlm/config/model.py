@@ -41,6 +41,9 @@ class ModelConfig:
                                          "vllm (SamplingParams' defaults) or a directory holding one")
     override_generation_config: dict[str, Any] | None = arg(
         None, "JSON object on top of the generation config, e.g. '{\"temperature\": 0.5}'", parse=parse_json_object)
+    limit_mm_per_prompt: dict[str, Any] | None = arg(
+        None, "JSON object: the most items of each modality one prompt may carry, e.g. '{\"image\": 2}' "
+              "(default 4 images; every count up to it has a compiled encoder program)", parse=parse_json_object)
     max_logprobs: int = arg(20, "most logprobs (and prompt logprobs) a request may ask for")
     chat_template: str | None = arg(None, "chat template: a Jinja file or the template itself "
                                           "(default: the tokenizer's)")

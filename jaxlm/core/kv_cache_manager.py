@@ -10,11 +10,13 @@ compute it in their own blocks; the first to finish a block becomes its cached c
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
 from jaxlm.core.block_pool import BlockPool
 from jaxlm.core.kv_cache_utils import BlockHash, KVCacheBlock, cdiv, hash_request_blocks
 from jaxlm.core.request import Request
 from jaxlm.core.stats import PrefixCacheStats
+from jaxlm.multimodal.inputs import block_extra_keys
 
 logger = logging.getLogger(__name__)
 
@@ -51,8 +53,14 @@ class KVCacheManager:
 
     def _block_hashes(self, request: Request, num_blocks: int) -> list[BlockHash]:
         return hash_request_blocks(
-            request.all_token_ids, self.block_size, request.block_hashes, num_blocks, request.lora_int_id
-        )
+            request.all_token_ids, self.block_size, request.block_hashes, num_blocks, request.lora_int_id,
+            self._image_keys(request))
+
+    def _image_keys(self, request: Request) -> Callable[[int], tuple[int, ...]] | None:
+        """Block index -> the hashes of the images it holds placeholders of (None: text only)."""
+        if not request.mm_features:
+            return None
+        return lambda i: block_extra_keys(request.mm_features, self.block_size, i)
 
     # -- prefix cache ----------------------------------------------------------------------
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 @dataclasses.dataclass(frozen=True)
 class KVCacheSpec:
@@ -33,9 +33,11 @@ class BlockHash(NamedTuple):
     token_ids: tuple[int, ...]
 
 
-def hash_block_tokens(parent: BlockHash | None, token_ids: Sequence[int]) -> BlockHash:
-    """hash(parent_hash, tuple(tokens)): the same tokens under a different prefix hash differently."""
-    tokens = tuple(token_ids)
+def hash_block_tokens(parent: BlockHash | None, token_ids: Sequence[int], extra: tuple[int, ...] = ()) -> BlockHash:
+    """hash(parent_hash, tuple(tokens)): the same tokens under a different prefix hash differently.
+    ``extra``: the content hashes of the images whose placeholders the block holds, kept with the
+    tokens (so a lookup compares them too)."""
+    tokens = tuple(token_ids) + extra
     parent_value = _ROOT_HASH if parent is None else parent.hash_value
     # Python's hash of ints/tuples of ints is deterministic across processes (no PYTHONHASHSEED).
     return BlockHash(hash((parent_value, tokens)), tokens)
@@ -43,17 +45,19 @@ def hash_block_tokens(parent: BlockHash | None, token_ids: Sequence[int]) -> Blo
 
 def hash_request_blocks(
     token_ids: Sequence[int], block_size: int, block_hashes: list[BlockHash], num_blocks: int,
-    extra_key: int = 0,
+    extra_key: int = 0, block_extra: Callable[[int], tuple[int, ...]] | None = None,
 ) -> list[BlockHash]:
     """Extend ``block_hashes`` (in place) to cover the first ``num_blocks`` full blocks.
 
     ``extra_key`` (a LoRA adapter's id; 0 = none) roots the chain elsewhere: the same tokens
-    under two adapters have different K/V, so their blocks never share a hash."""
+    under two adapters have different K/V, so their blocks never share a hash. ``block_extra(i)``:
+    what block i's hash mixes in besides its tokens (multimodal/inputs.py block_extra_keys)."""
     num_blocks = min(num_blocks, len(token_ids) // block_size)
     root = BlockHash(hash((_ROOT_HASH, extra_key)), ()) if extra_key else None
     parent = block_hashes[-1] if block_hashes else root
     for i in range(len(block_hashes), num_blocks):
-        parent = hash_block_tokens(parent, token_ids[i * block_size : (i + 1) * block_size])
+        extra = block_extra(i) if block_extra is not None else ()
+        parent = hash_block_tokens(parent, token_ids[i * block_size : (i + 1) * block_size], extra)
         block_hashes.append(parent)
     return block_hashes
 

@@ -72,6 +72,8 @@ class Request:
     # SamplingParams' stop_token_ids as the InputProcessor resolved them.
     stop_token_ids: frozenset[int] = dataclasses.field(default_factory=frozenset, repr=False)
     lora_request: Any = None  # jaxlm.lora.LoRARequest, or None for the base model
+    # Its images (jaxlm.multimodal.inputs.MultiModalFeatureSpec), in prompt order; None: text only.
+    mm_features: list[Any] | None = None
 
     @property
     def lora_int_id(self) -> int:

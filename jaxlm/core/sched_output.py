@@ -19,6 +19,8 @@ class NewRequestData:
     # Tokens whose K/V are already in the cache (prefix-cache hits).
     num_computed_tokens: int
     lora_request: Any = None  # jaxlm.lora.LoRARequest, or None for the base model
+    # Its images (jaxlm.multimodal.inputs.MultiModalFeatureSpec): the runner encodes them.
+    mm_features: list[Any] | None = None
 
 
 @dataclasses.dataclass

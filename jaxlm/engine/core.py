@@ -103,7 +103,7 @@ class EngineCore:
         core_requests = [Request(request_id=r.request_id, prompt_token_ids=r.prompt_token_ids,
                                  sampling_params=r.sampling_params, eos_token_id=r.eos_token_id,
                                  arrival_time=r.arrival_time, priority=r.priority,
-                                 lora_request=r.lora_request) for r in requests]
+                                 lora_request=r.lora_request, mm_features=r.mm_features) for r in requests]
         # n > 1: siblings wait until the first child's prompt is in the cache, then reuse its
         # blocks through the prefix cache instead of each prefilling its own copy.
         self.scheduler.add_request(core_requests[0])

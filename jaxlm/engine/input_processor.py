@@ -56,6 +56,8 @@ class PromptTooLongError(InvalidRequestError):
 class ProcessedPrompt:
     prompt: str | None
     prompt_token_ids: list[int]
+    # Its images (jaxlm.multimodal.inputs.MultiModalFeatureSpec), placeholders expanded in the ids.
+    mm_features: list[Any] | None = None
 
 
 def make_internal_request_id(request_id: str, serial: int) -> str:
@@ -93,7 +95,7 @@ class InputProcessor:
     def __init__(self, tokenizer: Any, max_model_len: int, vocab_size: int, eos_token_id: int | None,
                  generation_eos_ids: set[int], check_params: Callable[[SamplingParams], None],
                  structured_output_manager: Callable[[], Any] | None = None, *,
-                 scheduling_policy: str = "fcfs"):
+                 scheduling_policy: str = "fcfs", mm_processor: Any = None, model_name: str = "this model"):
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
@@ -102,6 +104,9 @@ class InputProcessor:
         self.check_params = check_params
         self.structured_output_manager = structured_output_manager
         self.scheduling_policy = scheduling_policy
+        # A multimodal model's image preprocessing (multimodal/processing.py); None: text only.
+        self.mm_processor = mm_processor
+        self.model_name = model_name
 
     def check_request_id(self, request_id: str) -> None:
         check_utf8("request_id", request_id)
@@ -121,6 +126,8 @@ class InputProcessor:
         if isinstance(prompt, ProcessedPrompt):
             return prompt  # made by process_prompt already (the server checks before queueing)
         if isinstance(prompt, dict):
+            if prompt.get("multi_modal_data") is not None:
+                return self._process_multimodal(prompt)
             if "prompt_token_ids" in prompt:
                 prompt = list(prompt["prompt_token_ids"])
             elif "prompt" in prompt:
@@ -141,6 +148,28 @@ class InputProcessor:
         self.check_prompt_token_ids(ids)
         self.check_prompt_len(len(ids))
         return ProcessedPrompt(text, ids)
+
+    def _process_multimodal(self, prompt: dict) -> ProcessedPrompt:
+        """{"prompt": text, "multi_modal_data": {"image": PIL image or list}}: the model's processor
+        expands the placeholders and preprocesses the images (multimodal/processing.py)."""
+        data = prompt["multi_modal_data"]
+        if self.mm_processor is None:
+            raise InvalidRequestError("multi_modal_data", f"{self.model_name} does not support multimodal inputs "
+                                                          "(multi_modal_data): it is a text-only model")
+        if not isinstance(data, dict) or set(data) != {"image"}:
+            keys = sorted(data) if isinstance(data, dict) else type(data).__name__
+            raise InvalidRequestError("multi_modal_data", f"multi_modal_data must be a dict with the key 'image' "
+                                                          f"(the only modality supported), got {keys}")
+        text = prompt.get("prompt")
+        if text is not None:
+            check_utf8("prompt", text)
+        try:
+            ids, features = self.mm_processor.process(text, data["image"])
+        except ValueError as e:
+            raise InvalidRequestError(getattr(e, "param", "multi_modal_data"), str(e)) from None
+        self.check_prompt_token_ids(ids)
+        self.check_prompt_len(len(ids))
+        return ProcessedPrompt(text, ids, features)
 
     def check_prompt_token_ids(self, ids: list[int]) -> None:
         """Non-empty and in the vocabulary (also what /detokenize needs)."""

@@ -45,6 +45,17 @@ def _model_eos_token_id(hf_config: Any) -> int | None:
     return eos if isinstance(eos, int) else None
 
 
+def _mm_processor(mc: Any) -> Any:
+    """The image preprocessing of a multimodal model (None: a text-only model)."""
+    from jaxlm.models.registry import is_multimodal_config
+
+    if not is_multimodal_config(mc.hf_config):
+        return None
+    from jaxlm.multimodal.processing import MultiModalProcessor
+
+    return MultiModalProcessor(mc.model, mc.hf_config, mc.limit_mm_per_prompt)
+
+
 class LLMEngine:
     """The front end: input processing, output processing (detokenization) and an engine-core
     client; the scheduler and the executor live in the core (this process or a child)."""
@@ -85,7 +96,8 @@ class LLMEngine:
         self.input_processor = InputProcessor(
             self.tokenizer, mc.max_model_len, vocab, self.eos_token_id,
             generation_eos_token_ids(generation_config, mc.hf_config), checker.check_params,
-            self.get_structured_output_manager, scheduling_policy=config.scheduler_config.scheduling_policy)
+            self.get_structured_output_manager, scheduling_policy=config.scheduler_config.scheduling_policy,
+            mm_processor=_mm_processor(mc), model_name=f"The model {mc.model}")
         self._structured_output_manager: StructuredOutputManager | None = None
         self.lora_checker = LoRAChecker(mc, config.lora_config)
         self.output_processor = OutputProcessor(self.tokenizer)
@@ -204,7 +216,8 @@ class LLMEngine:
         try:
             engine_index = self.engine_core.add_request([
                 EngineCoreRequest(child_id, processed.prompt_token_ids, child_params, self.eos_token_id, arrival_time,
-                                  priority=priority, lora_request=lora_request)
+                                  priority=priority, lora_request=lora_request,
+                                  mm_features=processed.mm_features)
                 for child_id, child_params, _, _ in children])
         except Exception:
             self.output_processor.abort_requests([internal_id])

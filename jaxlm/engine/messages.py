@@ -13,6 +13,7 @@ import numpy as np
 from jaxlm.core.outputs import EngineCoreOutputBatch
 from jaxlm.core.stats import SchedulerStats
 from jaxlm.lora.request import LoRARequest
+from jaxlm.multimodal.inputs import MultiModalFeatureSpec
 from jaxlm.sampling_params import SamplingParams
 
 _NDARRAY_EXT = 1
@@ -42,6 +43,7 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     arrival_time: float
     priority: int = 0  # --scheduling-policy priority (the front end checked it)
     lora_request: LoRARequest | None = None
+    mm_features: list[MultiModalFeatureSpec] | None = None  # its images, in prompt order
 
 
 class EngineCoreRejection(msgspec.Struct, array_like=True):

@@ -185,6 +185,10 @@ def _gelu_exact(x: jax.Array) -> jax.Array:
     return jax.nn.gelu(x, approximate=False)
 
 
+def _quick_gelu(x: jax.Array) -> jax.Array:
+    return x * jax.nn.sigmoid(1.702 * x)  # CLIP's activation
+
+
 # HF hidden_act / activation_function names.
 _ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "silu": jax.nn.silu,
@@ -194,6 +198,7 @@ _ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "gelu_new": _gelu_tanh,
     "gelu_pytorch_tanh": _gelu_tanh,
     "gelu_fast": _gelu_tanh,
+    "quick_gelu": _quick_gelu,
 }
 
 

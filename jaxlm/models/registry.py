@@ -32,6 +32,8 @@ _MODELS: dict[str, tuple[str, str]] = {
     "GPT2LMHeadModel": ("gpt2", "GPT2LMHeadModel"),
     # Gemma 3 4B and up are published as multimodal checkpoints: served for text, on their text_config.
     "Gemma3ForConditionalGeneration": ("gemma3", "Gemma3ForConditionalGeneration"),
+    # Image inputs (multi_modal_data, chat image_url parts).
+    "LlavaForConditionalGeneration": ("llava", "LlavaForConditionalGeneration"),
     # Pooling models (the pooling runner: embed, classify, score).
     "BertModel": ("bert", "BertModel"),
     "XLMRobertaModel": ("bert", "XLMRobertaModel"),
@@ -50,6 +52,11 @@ _MODELS: dict[str, tuple[str, str]] = {
 }
 # Multimodal architectures whose language model jaxlm runs alone (no image inputs).
 _TEXT_OF_MULTIMODAL = frozenset({"Gemma3ForConditionalGeneration"})
+# Multimodal architectures served with image inputs: their text_config, carrying the fields of the
+# checkpoint's config that the vision tower and the projector read.
+_MULTIMODAL = frozenset({"LlavaForConditionalGeneration"})
+_VISION_FIELDS = ("vision_config", "image_token_index", "image_seq_length", "projector_hidden_act",
+                  "vision_feature_layer", "vision_feature_select_strategy", "multimodal_projector_bias")
 
 
 def _import_qualified(qualname: str) -> type:
@@ -109,6 +116,12 @@ def get_model_architecture(hf_config: Any) -> type:
     return cls
 
 
+def is_multimodal_config(hf_config: Any) -> bool:
+    """Whether the model takes image inputs (the config as resolve_model_config leaves it)."""
+    archs = getattr(hf_config, "architectures", None) or []
+    return bool(_MULTIMODAL.intersection(archs)) and getattr(hf_config, "vision_config", None) is not None
+
+
 def unsupported_architecture(hf_config: Any) -> str | None:
     """Why jaxlm cannot build the model of `hf_config`, None when it can. Reads only the
     config's ``architectures``: the rest of a config (its text_config, vision_config,
@@ -124,10 +137,16 @@ def text_model_config(hf_config: Any) -> Any:
     ``text_config`` under the checkpoint's architectures and special token ids (vocab size,
     heads and context length live there); any other config as is."""
     archs = list(getattr(hf_config, "architectures", None) or [])
-    if not _TEXT_OF_MULTIMODAL.intersection(archs) or getattr(hf_config, "text_config", None) is None:
+    multimodal = bool(_MULTIMODAL.intersection(archs))
+    if (not (multimodal or _TEXT_OF_MULTIMODAL.intersection(archs))
+            or getattr(hf_config, "text_config", None) is None):
         return hf_config
     text = copy.deepcopy(hf_config.get_text_config())
     text.architectures = archs
+    if multimodal:
+        for key in _VISION_FIELDS:
+            if hasattr(hf_config, key):
+                setattr(text, key, copy.deepcopy(getattr(hf_config, key)))
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
         value = getattr(hf_config, key, None)
         if value is not None:

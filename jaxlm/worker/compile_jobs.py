@@ -28,10 +28,16 @@ def compile_jobs(runner: Any) -> list[CompileJob]:
         size = sum(math.prod(shape) for shape in runner._step_shapes(T, kind).values())
         return jax.ShapeDtypeStruct((size,), jnp.int32, sharding=replicated)
 
+    def mm_spec(T: int) -> tuple[jax.ShapeDtypeStruct, ...]:
+        """A multimodal model's image rows [T, hidden] (float32), or nothing."""
+        if runner.encoder is None:
+            return ()
+        return (jax.ShapeDtypeStruct((T, runner.encoder.hidden_size), jnp.float32, sharding=replicated),)
+
     body_jit = lambda T, kind: jax.jit(runner._body_fn(T, kind), donate_argnums=(1,))  # noqa: E731
     T0 = runner.token_buckets[0]
     hidden_sel = jax.eval_shape(body_jit(T0, MIXED), params_spec, kv_spec, packed_spec(T0, MIXED),
-                                jax.ShapeDtypeStruct((runner.sample_capacity,), jnp.int32))[0]
+                                jax.ShapeDtypeStruct((runner.sample_capacity,), jnp.int32), *mm_spec(T0))[0]
     hidden_sel = jax.ShapeDtypeStruct(hidden_sel.shape, hidden_sel.dtype, sharding=replicated)
     runner._find_sampler_leaves(params_spec, hidden_sel)
     sampler_spec = [params_spec[i] for i in runner._sampler_leaf_index]
@@ -39,7 +45,7 @@ def compile_jobs(runner: Any) -> list[CompileJob]:
     tokens_spec = jax.ShapeDtypeStruct((runner.sample_capacity,), jnp.int32, sharding=replicated)
 
     def body(key: tuple[int, str], fresh: bool) -> None:
-        lowered = body_jit(*key).lower(params_spec, kv_spec, packed_spec(*key), tokens_spec)
+        lowered = body_jit(*key).lower(params_spec, kv_spec, packed_spec(*key), tokens_spec, *mm_spec(key[0]))
         runner._body[key] = compile_fresh(lowered) if fresh else lowered.compile()
 
     def sampler(key: tuple[int, SamplerVariant], fresh: bool) -> None:

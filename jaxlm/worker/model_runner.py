@@ -56,6 +56,7 @@ from jaxlm.core.sched_output import SchedulerOutput
 from jaxlm.executor.distributed import place_inputs
 from jaxlm.lora.layers import install_lora, set_lora_step
 from jaxlm.lora.slots import LoRASlotManager
+from jaxlm.multimodal.processing import image_limit
 from jaxlm.sample.builder import SamplingInputBuilder
 from jaxlm.sample.metadata import SERVING_VARIANTS, HostArrays, SamplerVariant, unpack_metadata
 from jaxlm.sample.sampler import compute_prompt_logprobs, sample
@@ -65,6 +66,7 @@ from jaxlm.worker.buckets import (
 from jaxlm.worker.background_compile import BackgroundCompiles, ReadyBuckets
 from jaxlm.worker.compile_guard import CompileGuard
 from jaxlm.worker.compile_jobs import compile_jobs
+from jaxlm.worker.encoder_runner import EncoderRunner
 from jaxlm.worker.input_batch import InputBatch, StepInputs
 from jaxlm.worker.program_cache import DeferredLoads
 from jaxlm.worker.release import delete_arrays, reachable_arrays
@@ -104,6 +106,10 @@ class ModelRunner:
         self._kv_scale_index = kv_scale_leaf_index(self.params) if config.cache_config.calculate_kv_scales else []
         # LoRA: adapter slots on the device, a slot index per token (jaxlm/lora/slots.py).
         self.lora = LoRASlotManager(model, lora_targets, lora, self._param_leaves) if lora_targets else None
+        # A multimodal model: the vision encoder's programs and cache (worker/encoder_runner.py).
+        self.encoder = (EncoderRunner(model, self.graphdef, self._param_treedef,
+                                      image_limit(config.model_config.limit_mm_per_prompt), self._replicated)
+                        if getattr(model, "supports_multimodal", False) else None)
         self.kernel_constraints = kernel_constraints(model, self.block_size, self.kv_cache_spec.head_dim)
         c = self.kernel_constraints
         comp = config.compilation_config
@@ -204,6 +210,8 @@ class ModelRunner:
         shapes = self.input_batch.step_shapes(T, self._rows_for(T), self.sample_capacity)
         if self.lora is not None:
             shapes["lora_slots"] = (T,)
+        if self.encoder is not None:
+            shapes["mm_mask"] = (T,)
         if kind == PROMPT_LOGPROBS:
             shapes["next_token_ids"] = (T,)
         return shapes
@@ -212,7 +220,7 @@ class ModelRunner:
         graphdef, k, replicated = self.graphdef, self.sampling.max_logprobs, self._replicated
         shapes, treedef, scale_index = self._step_shapes(T, kind), self._param_treedef, self._kv_scale_index
 
-        def body(leaves, kv_caches, packed, prev_tokens):
+        def body(leaves, kv_caches, packed, prev_tokens, *mm_embeds):
             params = jax.tree.unflatten(treedef, leaves)
             x = unpack(packed, shapes)
             idx = x["prev_idx"]
@@ -222,7 +230,9 @@ class ModelRunner:
             model = nnx.merge(graphdef, params)
             if "lora_slots" in x:
                 set_lora_step(model, x["lora_slots"])
-            hidden, kv_caches = model(x["input_ids"], md.positions, kv_caches, md)
+            # A multimodal model's image rows, merged at its placeholder tokens (mm_mask).
+            mm = {"mm_embeds": mm_embeds[0], "mm_mask": x["mm_mask"]} if mm_embeds else {}
+            hidden, kv_caches = model(x["input_ids"], md.positions, kv_caches, md, **mm)
             selected = hidden[x["logits_indices"]]
             if replicated is not None:
                 selected = jax.lax.with_sharding_constraint(selected, replicated)
@@ -302,6 +312,8 @@ class ModelRunner:
 
     def _dispatch(self, so: SchedulerOutput) -> StepHandle:
         self.states.update(so)
+        if self.encoder is not None:
+            self.encoder.update(so)
         if so.total_num_scheduled_tokens == 0:
             return StepHandle(self.states, None)
 
@@ -325,10 +337,14 @@ class ModelRunner:
         sampling = self._sampling_inputs(inputs)  # before the body: nothing between the dispatches
         if timer:
             timer.lap("prepare")
-        body_in, md_in = self._device_inputs(inputs, kind, sampling, self._lora_inputs(inputs, T))
+        extra, mm = self._lora_inputs(inputs, T), ()
+        if self.encoder is not None:
+            rows, mask = self.encoder.step_rows(self._param_leaves, inputs, T)
+            extra, mm = extra + [mask], (self._place(rows),)
+        body_in, md_in = self._device_inputs(inputs, kind, sampling, extra)
         if timer:
             timer.lap("transfer")
-        outs = self._body[(T, kind)](self._param_leaves, self.kv_caches, body_in, self._last_tokens)
+        outs = self._body[(T, kind)](self._param_leaves, self.kv_caches, body_in, self._last_tokens, *mm)
         hidden, self.kv_caches = outs[0], outs[-1]
         if self._kv_scale_index:
             self.keep_kv_scales(outs[-2])

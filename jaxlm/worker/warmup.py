@@ -53,6 +53,8 @@ def warm_up(runner: Any) -> None:
                                                    watch=cache.watch_compiles, run_job=cache.compile)
         else:
             _save(runner, cache)
+    if runner.encoder is not None:  # the vision encoder's programs, one per image bucket
+        runner.num_programs += runner.encoder.compile(runner._param_leaves)
     runner.warmup_seconds = time.perf_counter() - start
     logger.info("Compiled %d programs in %.1f s (%d from the program cache%s%s)", runner.num_programs - background,
                 runner.warmup_seconds, runner.programs_from_cache, ", loaded on use" * bool(runner.deferred_loads),
@@ -81,7 +83,8 @@ def _save(runner: Any, cache: ProgramCache) -> None:
 
 def program_cache(runner: Any) -> ProgramCache:
     # A speculative runner's draft programs live on its drafter, outside this cache: off.
-    if runner.config.speculative_config is not None:
+    # A multimodal model's encoder programs live outside it too (worker/encoder_runner.py): off.
+    if runner.config.speculative_config is not None or runner.encoder is not None:
         return ProgramCache(None)
     keys = [("body", (T, kind)) for kind, buckets in runner.body_buckets().items() for T in buckets]
     keys += [("sample", (S, v)) for S in runner.seq_buckets for v in runner.sampling.variants()]

@@ -211,3 +211,14 @@ def test_lora_request_needs_enable_lora(llm):
     with pytest.raises(ValueError, match="LoRA adapters are not enabled: start the engine with enable_lora=True"):
         llm.generate("a", SamplingParams(max_tokens=2), lora_request=LoRARequest("x", 1, "/nowhere"))
     assert not llm.llm_engine.has_unfinished_requests()
+
+
+def test_image_to_a_text_only_model_fails_alone(llm):
+    from PIL import Image
+
+    image = Image.new("RGB", (8, 8))
+    with pytest.raises(ValueError, match="does not support multimodal inputs .multi_modal_data.: it is a text-only"):
+        llm.generate({"prompt": "a <image>", "multi_modal_data": {"image": image}}, SamplingParams(max_tokens=2))
+    assert not llm.llm_engine.has_unfinished_requests()
+    [out] = llm.generate(["a"], SamplingParams(max_tokens=2, ignore_eos=True), use_tqdm=False)
+    assert len(out.outputs[0].token_ids) == 2

@@ -1,0 +1,50 @@
+"""What one image of a request carries from the front end to the runner (vLLM's names).
+
+msgspec Structs: they travel inside EngineCoreRequest to an engine-core process (the pixel
+array as raw bytes, engine/messages.py). No jax here: the core (scheduler, prefix cache) reads
+the placeholder ranges and the hash; only the runner reads the pixels.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import msgspec
+import numpy as np
+
+
+class PlaceholderRange(msgspec.Struct, array_like=True, frozen=True):
+    """The image's placeholder tokens: prompt positions [offset, offset + length)."""
+
+    offset: int
+    length: int
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.length
+
+
+class MultiModalFeatureSpec(msgspec.Struct, array_like=True):
+    """One image of a request: its preprocessed pixels [C, H, W] (float32), its content hash
+    (vLLM's mm_hash: the same pixels, the same rows) and where its placeholders sit."""
+
+    data: np.ndarray
+    identifier: str
+    mm_position: PlaceholderRange
+    modality: str = "image"
+
+    @property
+    def hash_key(self) -> int:
+        """The identifier as an int (Python's str hash is salted per process; an int's is not)."""
+        return int(self.identifier[:16], 16)
+
+
+def block_extra_keys(features: Sequence[MultiModalFeatureSpec] | None, block_size: int,
+                     block_index: int) -> tuple[int, ...]:
+    """The hashes of the images whose placeholders overlap block ``block_index``: mixed into that
+    block's prefix-cache hash, so the same tokens with another image never share its K/V (and,
+    the hashes being chained, neither do the blocks after it)."""
+    if not features:
+        return ()
+    start, end = block_index * block_size, (block_index + 1) * block_size
+    return tuple(f.hash_key for f in features if f.mm_position.offset < end and start < f.mm_position.end)

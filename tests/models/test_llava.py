@@ -1,0 +1,135 @@
+"""LLaVA image inputs through LLM.generate({"prompt": ..., "multi_modal_data": {"image": ...}}):
+greedy tokens and logprobs against transformers' generate on the same processor outputs, one
+engine shared by every test (tiny random LLaVA, tests/helpers/tiny_llava.py).
+
+The engine's token budget (8) is half an image's 16 placeholder tokens: every prefill here is
+chunked through the middle of an image, so the encoder cache must serve an image's rows over
+several steps. TOL: float32 on both sides; the differences are summation order (~1e-6)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from jaxlm import LLM, SamplingParams
+from tests.helpers.tiny_llava import TOKENS_PER_IMAGE, make_tiny_llava, random_image
+
+TOL = 1e-4
+MAX_TOKENS = 6
+BUDGET = 8
+ENGINE = dict(max_num_seqs=4, max_model_len=128, max_num_batched_tokens=BUDGET, token_buckets=[BUDGET],
+              seq_buckets=[4], num_gpu_blocks_override=48, block_size=16, enable_prefix_caching=True, seed=0,
+              limit_mm_per_prompt={"image": 2})
+ONE = "Look: <image> The capital of France is"
+TWO = "A <image> and B <image> are"
+
+
+@pytest.fixture(scope="module")
+def path(tmp_path_factory):
+    return make_tiny_llava(tmp_path_factory.mktemp("llava"))
+
+
+@pytest.fixture(scope="module")
+def llm(path):
+    return LLM(model=path, **ENGINE)
+
+
+@pytest.fixture(scope="module")
+def hf(path):
+    import torch
+    from transformers import AutoProcessor, LlavaForConditionalGeneration
+
+    model = LlavaForConditionalGeneration.from_pretrained(path, dtype=torch.float32,
+                                                          attn_implementation="eager").eval()
+    return model, AutoProcessor.from_pretrained(path)
+
+
+def _hf_generate(hf, prompt, images):
+    """transformers' greedy tokens and the log-softmax of each step's logits."""
+    import torch
+
+    model, processor = hf
+    x = processor(text=prompt, images=images, return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(**x, max_new_tokens=MAX_TOKENS, do_sample=False, output_logits=True,
+                             return_dict_in_generate=True, pad_token_id=0, eos_token_id=None)
+    tokens = out.sequences[0, x["input_ids"].shape[1]:].tolist()
+    logprobs = [torch.log_softmax(step[0].float(), -1).numpy() for step in out.logits]
+    return x["input_ids"][0].tolist(), tokens, logprobs
+
+
+def _params():
+    return SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=5)
+
+
+def _check_against_hf(out, hf, prompt, images):
+    ids, tokens, ref_logprobs = _hf_generate(hf, prompt, images)
+    assert out.prompt_token_ids == ids  # the checkpoint's processor expanded the placeholders
+    assert list(out.outputs[0].token_ids) == tokens
+    for step, ref in zip(out.outputs[0].logprobs, ref_logprobs):
+        for token_id, lp in step.items():
+            assert abs(lp.logprob - ref[token_id]) < TOL, (token_id, lp.logprob, ref[token_id])
+    return tokens
+
+
+def test_one_image_each_matches_transformers_and_the_image_matters(llm, hf):
+    images = [random_image(0), random_image(1, size=(40, 30))]
+    outs = llm.generate([{"prompt": ONE, "multi_modal_data": {"image": im}} for im in images], _params(),
+                        use_tqdm=False)
+    assert outs[0].prompt_token_ids.count(llm.llm_engine.model_config.hf_config.image_token_index) == TOKENS_PER_IMAGE
+    tokens = [_check_against_hf(o, hf, ONE, [im]) for o, im in zip(outs, images)]
+    # The same text with another image: other tokens (a test that fails if the image were ignored).
+    assert tokens[0] != tokens[1]
+
+
+def test_two_images_in_one_prompt(llm, hf):
+    images = [random_image(2), random_image(3)]
+    out, swapped = llm.generate([{"prompt": TWO, "multi_modal_data": {"image": images}},
+                                 {"prompt": TWO, "multi_modal_data": {"image": images[::-1]}}], _params(),
+                                use_tqdm=False)
+    assert _check_against_hf(out, hf, TWO, images) != _check_against_hf(swapped, hf, TWO, images[::-1])
+
+
+def test_prefix_cache_reuses_the_same_image_never_another(llm, hf):
+    """The first block holds the text and half the image: the same image hits it, another misses."""
+    image, other = random_image(4), random_image(5)
+    first = llm.generate({"prompt": ONE, "multi_modal_data": {"image": image}}, _params(), use_tqdm=False)[0]
+    hits = llm.llm_engine.get_stats()["prefix_cache_hits"]
+    again = llm.generate({"prompt": ONE, "multi_modal_data": {"image": image}}, _params(), use_tqdm=False)[0]
+    assert llm.llm_engine.get_stats()["prefix_cache_hits"] - hits == 16  # one block of 16 tokens
+    assert list(again.outputs[0].token_ids) == list(first.outputs[0].token_ids)
+    hits = llm.llm_engine.get_stats()["prefix_cache_hits"]
+    out = llm.generate({"prompt": ONE, "multi_modal_data": {"image": other}}, _params(), use_tqdm=False)[0]
+    assert llm.llm_engine.get_stats()["prefix_cache_hits"] == hits
+    _check_against_hf(out, hf, ONE, [other])
+
+
+@pytest.mark.parametrize("data,message", [
+    ({"image": "not an image"}, r"multi_modal_data\['image'\]\[0\] must be a PIL.Image.Image, got str"),
+    ({"image": [None]}, r"must be a PIL.Image.Image, got NoneType"),
+    ({"audio": b"x"}, "with the key 'image'"),
+])
+def test_bad_multimodal_data_fails_alone(llm, data, message):
+    with pytest.raises(ValueError, match=message):
+        llm.generate({"prompt": ONE, "multi_modal_data": data}, _params(), use_tqdm=False)
+
+
+def test_limits_and_placeholder_count_are_checked(llm):
+    three = [random_image(i) for i in range(3)]
+    with pytest.raises(ValueError, match=r"At most 2 image\(s\) may be provided in one prompt, got 3"):
+        llm.generate({"prompt": "<image>" * 3, "multi_modal_data": {"image": three}}, _params(), use_tqdm=False)
+    with pytest.raises(ValueError, match="processor refused|placeholder"):
+        llm.generate({"prompt": "no placeholder here", "multi_modal_data": {"image": three[0]}}, _params(),
+                     use_tqdm=False)
+
+
+def test_engine_goes_on_with_no_leak_and_no_compile(llm, hf):
+    """After every refusal above: a request is served, nothing compiled while serving, and the
+    encoder cache and the KV blocks held by requests are all released."""
+    out = llm.generate({"prompt": ONE, "multi_modal_data": {"image": random_image(6)}}, _params(), use_tqdm=False)[0]
+    _check_against_hf(out, hf, ONE, [random_image(6)])
+    runner = llm.llm_engine.get_model_runner()
+    assert runner.num_compiles_after_warmup == 0
+    assert runner.encoder.cache == {} and runner.encoder._features == {}
+    assert llm.llm_engine.get_stats()["kv_cache_usage_perc"] == 0.0
+    assert np.isclose(runner.encoder.num_encoded, runner.encoder.num_encoded)  # counter exists
