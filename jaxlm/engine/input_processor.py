@@ -160,16 +160,30 @@ class InputProcessor:
             keys = sorted(data) if isinstance(data, dict) else type(data).__name__
             raise InvalidRequestError("multi_modal_data", f"multi_modal_data must be a dict with the key 'image' "
                                                           f"(the only modality supported), got {keys}")
-        text = prompt.get("prompt")
+        return self.process_multimodal(prompt.get("prompt"), data["image"])
+
+    def process_multimodal(self, text: Any, images: Any, add_special_tokens: bool = True) -> ProcessedPrompt:
+        """A text prompt with its images (LLM.chat's rendered template: add_special_tokens=False)."""
+        if self.mm_processor is None:
+            raise InvalidRequestError("multi_modal_data", f"{self.model_name} does not support multimodal inputs "
+                                                          "(multi_modal_data): it is a text-only model")
         if text is not None:
             check_utf8("prompt", text)
         try:
-            ids, features = self.mm_processor.process(text, data["image"])
+            ids, features = self.mm_processor.process(text, images, add_special_tokens=add_special_tokens)
         except ValueError as e:
             raise InvalidRequestError(getattr(e, "param", "multi_modal_data"), str(e)) from None
         self.check_prompt_token_ids(ids)
         self.check_prompt_len(len(ids))
         return ProcessedPrompt(text, ids, features)
+
+    def chat_images(self) -> Any:
+        """A ChatImages collecting a conversation's image parts, None for a text-only model."""
+        if self.mm_processor is None:
+            return None
+        from jaxlm.entrypoints.chat_utils import ChatImages
+
+        return ChatImages(self.mm_processor.placeholder)
 
     def check_prompt_token_ids(self, ids: list[int]) -> None:
         """Non-empty and in the vocabulary (also what /detokenize needs)."""

@@ -28,17 +28,46 @@ class NoChatTemplateError(InvalidRequestError):
         super().__init__("messages", NO_CHAT_TEMPLATE)
 
 
-def content_text(content: str | list[dict[str, Any]] | None) -> str:
-    """A message's content as text: OpenAI's text parts joined by newlines (as vLLM)."""
+class ChatImages:
+    """The images of a conversation's ``image_url`` parts, in order, and the placeholder text the
+    model's processor expands (LLaVA's ``<image>``); as vLLM, a message's placeholders come
+    before its text. A text-only model has none: its image parts are refused."""
+
+    def __init__(self, placeholder: str) -> None:
+        self.placeholder = placeholder
+        self.images: list[Any] = []
+
+
+def _image_part(part: Mapping[str, Any], images: ChatImages | None) -> str:
+    if images is None:
+        raise InvalidRequestError("messages", "image_url content parts need a multimodal model: this model "
+                                              "is text-only (it does not support multimodal inputs)")
+    from jaxlm.multimodal.image import load_image_url
+
+    image_url = part.get("image_url")
+    url = image_url.get("url") if isinstance(image_url, Mapping) else image_url
+    try:
+        images.images.append(load_image_url(url))
+    except ValueError as e:
+        raise InvalidRequestError("messages", str(e)) from None
+    return images.placeholder
+
+
+def content_text(content: str | list[dict[str, Any]] | None, images: ChatImages | None = None) -> str:
+    """A message's content as text: OpenAI's text parts joined by newlines (as vLLM), after the
+    placeholders of its image parts (whose images go to ``images``)."""
     if content is None or isinstance(content, str):
         return content or ""
-    texts = []
+    texts, placeholders = [], []
     for part in content:
-        if not isinstance(part, Mapping) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-            kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+        kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+        if kind == "image_url":
+            placeholders.append(_image_part(part, images))
+            continue
+        if kind != "text" or not isinstance(part.get("text"), str):
             raise InvalidRequestError("messages", f"unsupported content part type {kind!r}")
         texts.append(part["text"])
-    return "\n".join(texts)
+    return "\n".join(placeholders + texts)
 
 
 def _fields(message: Any) -> Mapping[str, Any]:
@@ -48,12 +77,12 @@ def _fields(message: Any) -> Mapping[str, Any]:
     return {"role": message.role, "content": message.content, "name": message.name, **(message.model_extra or {})}
 
 
-def message_dict(message: Any) -> dict[str, Any]:
+def message_dict(message: Any, images: ChatImages | None = None) -> dict[str, Any]:
     """A message as chat templates read it (the fields vLLM passes): role, content as text, name,
     tool calls with their arguments as objects (what HF templates expect), and the tool
     message's tool_call_id."""
     fields = _fields(message)
-    out: dict[str, Any] = {"role": fields.get("role"), "content": content_text(fields.get("content"))}
+    out: dict[str, Any] = {"role": fields.get("role"), "content": content_text(fields.get("content"), images)}
     if fields.get("name") is not None:
         out["name"] = fields["name"]
     if fields.get("tool_calls"):
@@ -74,9 +103,10 @@ def message_dict(message: Any) -> dict[str, Any]:
     return out
 
 
-def parse_chat_messages(messages: list[Any]) -> list[dict[str, Any]]:
-    """The conversation a chat template renders."""
-    return [message_dict(m) for m in messages]
+def parse_chat_messages(messages: list[Any], images: ChatImages | None = None) -> list[dict[str, Any]]:
+    """The conversation a chat template renders; ``images`` collects its image parts (None: a
+    text-only model, which refuses them)."""
+    return [message_dict(m, images) for m in messages]
 
 
 def resolve_chat_template(tokenizer: Any, chat_template: str | None) -> str | None:

@@ -165,13 +165,18 @@ class LLM(PoolingMethods):
                              "built with skip_tokenizer_init=True: pass token ids to generate() instead")
         template = load_chat_template(chat_template) or self.llm_engine.model_config.chat_template
         prompts = []
+        inputs = self.llm_engine.get_input_processor()
         for conversation in conversations:
-            text = apply_chat_template(tokenizer, parse_chat_messages(conversation), template,
+            images = inputs.chat_images()  # image_url parts (None: a text-only model refuses them)
+            text = apply_chat_template(tokenizer, parse_chat_messages(conversation, images), template,
                                        add_generation_prompt=add_generation_prompt,
                                        continue_final_message=continue_final_message, tools=tools,
                                        **(chat_template_kwargs or {}))
             # The template carries BOS: no special tokens added again (as the server).
-            prompts.append({"prompt_token_ids": list(tokenizer.encode(text, add_special_tokens=False))})
+            if images is not None and images.images:
+                prompts.append(inputs.process_multimodal(text, images.images, add_special_tokens=False))
+            else:
+                prompts.append({"prompt_token_ids": list(tokenizer.encode(text, add_special_tokens=False))})
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, lora_request=lora_request)
 
     def _run_engine(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:

@@ -58,8 +58,15 @@ class MultiModalProcessor:
             self._processor = AutoProcessor.from_pretrained(self.model_path)
         return self._processor
 
-    def process(self, prompt: Any, images: Any) -> tuple[list[int], list[MultiModalFeatureSpec]]:
-        """(prompt token ids with placeholders expanded, one feature per image)."""
+    @property
+    def placeholder(self) -> str:
+        """The text a prompt holds per image (LLaVA's ``<image>``), what chat image parts become."""
+        return getattr(self.processor, "image_token", None) or "<image>"
+
+    def process(self, prompt: Any, images: Any, add_special_tokens: bool = True
+                ) -> tuple[list[int], list[MultiModalFeatureSpec]]:
+        """(prompt token ids with placeholders expanded, one feature per image). add_special_tokens:
+        False for a chat template's text, which carries BOS itself."""
         from PIL import Image
 
         if not isinstance(prompt, str):
@@ -76,7 +83,8 @@ class MultiModalProcessor:
             raise MultiModalInputError(f"At most {self.max_images} image(s) may be provided in one prompt, got "
                                        f"{len(images)} (--limit-mm-per-prompt)")
         try:
-            out = self.processor(text=prompt, images=[im.convert("RGB") for im in images], return_tensors="np")
+            out = self.processor(text=prompt, images=[im.convert("RGB") for im in images], return_tensors="np",
+                                 add_special_tokens=add_special_tokens)
         except Exception as e:  # noqa: BLE001 - the processor's own refusal, for this request
             raise MultiModalInputError(f"the model's processor refused the input: {e}") from None
         ids = [int(t) for t in np.asarray(out["input_ids"])[0]]

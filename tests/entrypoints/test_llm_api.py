@@ -219,6 +219,10 @@ def test_image_to_a_text_only_model_fails_alone(llm):
     image = Image.new("RGB", (8, 8))
     with pytest.raises(ValueError, match="does not support multimodal inputs .multi_modal_data.: it is a text-only"):
         llm.generate({"prompt": "a <image>", "multi_modal_data": {"image": image}}, SamplingParams(max_tokens=2))
+    url = "data:image/png;base64,iVBORw0KGgo="
+    with pytest.raises(ValueError, match="image_url content parts need a multimodal model: this model is text-only"):
+        llm.chat([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}],
+                 SamplingParams(max_tokens=2))
     assert not llm.llm_engine.has_unfinished_requests()
     [out] = llm.generate(["a"], SamplingParams(max_tokens=2, ignore_eos=True), use_tqdm=False)
     assert len(out.outputs[0].token_ids) == 2

@@ -104,6 +104,39 @@ def test_prefix_cache_reuses_the_same_image_never_another(llm, hf):
     _check_against_hf(out, hf, ONE, [other])
 
 
+def _data_url(image, fmt="PNG") -> str:
+    import base64
+    import io
+
+    buf = io.BytesIO()
+    image.save(buf, format=fmt)
+    return f"data:image/{fmt.lower()};base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def _chat(url, text="What is in it?"):
+    return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                         {"type": "text", "text": text}]}]
+
+
+def test_chat_with_a_data_url_image_matches_transformers(llm, hf):
+    """OpenAI's image_url part (a PNG data URL): its placeholder goes before the message's text
+    (as vLLM), the tiny tokenizer's template renders it, the processor expands it."""
+    image = random_image(7)
+    [out] = llm.chat(_chat(_data_url(image)), _params(), use_tqdm=False)
+    rendered = "<s>user\n<image>\nWhat is in it?</s>\n<s>assistant\n"  # tests/helpers/tiny_tokenizer.py's template
+    _check_against_hf(out, hf, rendered, [image])
+
+
+@pytest.mark.parametrize("url,message", [
+    ("data:image/png;base64,@@not base64@@", "not valid base64"),
+    ("data:image/png;base64,aGVsbG8gd29ybGQ=", "not a readable image"),
+    ("https://example.com/cat.png", "only data: URLs"),
+])
+def test_bad_chat_image_fails_alone(llm, url, message):
+    with pytest.raises(ValueError, match=message):
+        llm.chat(_chat(url), _params(), use_tqdm=False)
+
+
 @pytest.mark.parametrize("data,message", [
     ({"image": "not an image"}, r"multi_modal_data\['image'\]\[0\] must be a PIL.Image.Image, got str"),
     ({"image": [None]}, r"must be a PIL.Image.Image, got NoneType"),
