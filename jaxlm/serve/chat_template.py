@@ -67,8 +67,9 @@ def template_kwargs(request: Any) -> dict[str, Any]:
     return kwargs
 
 
-async def render_chat_request(serving: Any, request: Any) -> list[int]:
-    """A chat request's prompt token ids (template + tokenization), computed on a worker thread.
+async def render_chat_request(serving: Any, request: Any) -> Any:
+    """A chat request's prompt (a ProcessedPrompt: template + tokenization, and a multimodal
+    model's image features), computed on a worker thread.
     serving: OpenAIServingChat (its render/encode/tokenizer); its `template_policy` attribute,
     set by the server, says what a request's template may do (refused by default)."""
     serving.require_tokenizer("messages", "a chat template")
@@ -84,15 +85,16 @@ async def render_chat_request(serving: Any, request: Any) -> list[int]:
     if not policy.trust_request_chat_template:
         raise OpenAIError(f"chat templates in requests are refused unless the server runs with {TRUST_FLAG}",
                           400, "chat_template")
-    conversation = parse_chat_messages(request.messages)  # as the model's template sees it
+    images = serving.input_processor.chat_images()  # None: a text-only model refuses image parts
+    conversation = parse_chat_messages(request.messages, images)  # as the model's template sees it
     variables = {**_special_tokens(serving.tokenizer), **kwargs, "messages": conversation,
                  "add_generation_prompt": add_generation_prompt and not continue_final}
 
-    def work() -> list[int]:
+    def work() -> Any:
         text = render_sandboxed(template, variables, policy.timeout_s)
         if continue_final and conversation:
             text = _cut_after_final_message(text, conversation[-1]["content"])
-        return serving.encode(text, add_special_tokens=add_special_tokens)
+        return serving.prompt_of(text, images, add_special_tokens)
 
     try:
         # The thread stops itself at the deadline; wait_for is the backstop for a C-level call.

@@ -11,7 +11,8 @@ from collections.abc import AsyncIterator
 from functools import partial
 from typing import Any
 
-from jaxlm.entrypoints.chat_utils import NoChatTemplateError, apply_chat_template, parse_chat_messages
+from jaxlm.engine.input_processor import ProcessedPrompt
+from jaxlm.entrypoints.chat_utils import ChatImages, NoChatTemplateError, apply_chat_template, parse_chat_messages
 from jaxlm.outputs import Logprob
 from jaxlm.reasoning import ReasoningParser, ReasoningParserManager
 from jaxlm.serve.chat_output import ChatOutputParsers, ChoiceOutput
@@ -103,10 +104,12 @@ class OpenAIServingChat(OpenAIServing):
 
     def render(self, messages: list[ChatMessage], add_generation_prompt: bool = True,
                continue_final_message: bool = False, kwargs: dict[str, Any] | None = None,
-               add_special_tokens: bool = False) -> list[int]:
-        """Chat template (--chat-template, else the tokenizer's: chat_utils decides) -> token ids
-        (the template carries BOS: no special tokens added again unless add_special_tokens, as vLLM)."""
-        conversation = parse_chat_messages(messages)
+               add_special_tokens: bool = False) -> ProcessedPrompt:
+        """Chat template (--chat-template, else the tokenizer's: chat_utils decides) -> the prompt
+        (the template carries BOS: no special tokens added again unless add_special_tokens, as vLLM);
+        image_url parts become the model's placeholders and its processor's features."""
+        images = self.input_processor.chat_images()  # None: a text-only model refuses image parts
+        conversation = parse_chat_messages(messages, images)
         try:
             text = apply_chat_template(self.tokenizer, conversation, self.chat_template,
                                        add_generation_prompt=add_generation_prompt,
@@ -115,7 +118,13 @@ class OpenAIServingChat(OpenAIServing):
             raise OpenAIError(str(e), 400, e.param) from e
         except Exception as e:  # noqa: BLE001 - template errors are the request's fault
             raise OpenAIError(f"chat template failed: {e}", 400, "messages") from e
-        return self.encode(text, add_special_tokens=add_special_tokens)
+        return self.prompt_of(text, images, add_special_tokens)
+
+    def prompt_of(self, text: str, images: ChatImages | None, add_special_tokens: bool) -> ProcessedPrompt:
+        """A rendered chat's prompt: its token ids, and with images the processor's expansion."""
+        if images is None or not images.images:
+            return ProcessedPrompt(None, self.encode(text, add_special_tokens=add_special_tokens))
+        return self.input_processor.process_multimodal(text, images.images, add_special_tokens)
 
     async def create_chat_completion(
         self, request: ChatCompletionRequest, raw_request: Any = None
@@ -127,15 +136,22 @@ class OpenAIServingChat(OpenAIServing):
         self.check_request_fields(request)
         if self.tool_parser is not None and request.tools:
             request = self.tool_parser(self.tokenizer).adjust_request(request)
-        ids = await render_chat_request(self, request)  # off the event loop; request templates gated
+        prompt = await render_chat_request(self, request)  # off the event loop; request templates gated
+        ids, mm_features = prompt.prompt_token_ids, prompt.mm_features
+        if mm_features and request.truncate_prompt_tokens is not None:
+            raise OpenAIError("truncate_prompt_tokens would cut image placeholders: not supported with images",
+                              400, "truncate_prompt_tokens")
         ids = self.truncate(ids, request.truncate_prompt_tokens)
         self.check_token_ids(ids)
         parsers = self._output_parsers(request, ids)
         structured_outputs = self._constraint(request, parsers)
         max_tokens = self.resolve_max_tokens(len(ids), request.requested_max_tokens())
         params = self.build_params(request.to_sampling_params, max_tokens, structured_outputs)
+        beam_search = self.beam_search_params(request, params)
+        if mm_features and beam_search is not None:
+            raise OpenAIError("beam search with images is not supported", 400, "use_beam_search")
         gen = self.generate(ids, params, request_id, arrival_time, priority=request.priority,
-                            beam_search=self.beam_search_params(request, params), model=model)
+                            beam_search=beam_search, model=model, mm_features=mm_features)
         try:
             first = await anext(gen)  # errors before the first output keep their HTTP status
         except StopAsyncIteration:

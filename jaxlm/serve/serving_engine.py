@@ -180,7 +180,7 @@ class OpenAIServing:
     async def generate(
         self, prompt_ids: list[int], params: SamplingParams, request_id: str, arrival_time: float,
         prompt_text: str | None = None, priority: int = 0, beam_search: BeamSearchParams | None = None,
-        model: str | None = None,
+        model: str | None = None, mm_features: list[Any] | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """engine.generate plus the request-level metrics (and log lines, --enable-log-requests);
         arrival_time (time.time()) is when the server got the request, before tokenization: TTFT
@@ -189,10 +189,11 @@ class OpenAIServing:
 
         prompt_ids have passed check_token_ids and resolve_max_tokens (the InputProcessor's
         prompt checks), so the engine takes them as a ProcessedPrompt without checking again.
-        model: the checked model name; a LoRA adapter's name runs the request with it."""
+        model: the checked model name; a LoRA adapter's name runs the request with it. mm_features:
+        a chat's images, as the InputProcessor made them with prompt_ids."""
         seqs: dict[int, _SeqProgress] = {}
         rejected = False
-        prompt = ProcessedPrompt(None, list(prompt_ids))
+        prompt = ProcessedPrompt(None, list(prompt_ids), mm_features)
         if self.request_logger is not None:
             self.request_logger.log_inputs(request_id, prompt_text, prompt.prompt_token_ids, params)
         lora_request = self.models.lora_request(model)

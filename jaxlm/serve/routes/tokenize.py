@@ -22,7 +22,7 @@ async def tokenize(request: TokenizeRequest, raw: Request) -> JSONResponse:
     if (request.prompt is None) == (request.messages is None):
         raise OpenAIError("give exactly one of prompt and messages", 400)
     if request.messages is not None:
-        ids = await render_chat_request(chat, request)
+        ids = (await render_chat_request(chat, request)).prompt_token_ids
     else:
         ids = await asyncio.to_thread(chat.encode, request.prompt, request.add_special_tokens)
     return JSONResponse(TokenizeResponse(count=len(ids), max_model_len=chat.max_model_len, tokens=ids).model_dump())
