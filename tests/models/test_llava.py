@@ -4,7 +4,7 @@ engine shared by every test (tiny random LLaVA, tests/helpers/tiny_llava.py).
 
 The engine's token budget (8) is half an image's 16 placeholder tokens: every prefill here is
 chunked through the middle of an image, so the encoder cache must serve an image's rows over
-several steps. TOL: float32 on both sides; the differences are summation order (~1e-6)."""
+several steps. 8 KV blocks of 16 tokens: four such requests at once preempt one another. TOL: float32 on both sides; the differences are summation order (~1e-6)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ TOL = 1e-4
 MAX_TOKENS = 6
 BUDGET = 8
 ENGINE = dict(max_num_seqs=4, max_model_len=128, max_num_batched_tokens=BUDGET, token_buckets=[BUDGET],
-              seq_buckets=[4], num_gpu_blocks_override=48, block_size=16, enable_prefix_caching=True, seed=0,
+              seq_buckets=[4], num_gpu_blocks_override=8, block_size=16, enable_prefix_caching=True, seed=0,
               limit_mm_per_prompt={"image": 2})
 ONE = "Look: <image> The capital of France is"
 TWO = "A <image> and B <image> are"
@@ -44,26 +44,26 @@ def hf(path):
     return model, AutoProcessor.from_pretrained(path)
 
 
-def _hf_generate(hf, prompt, images):
+def _hf_generate(hf, prompt, images, max_tokens):
     """transformers' greedy tokens and the log-softmax of each step's logits."""
     import torch
 
     model, processor = hf
     x = processor(text=prompt, images=images, return_tensors="pt")
     with torch.no_grad():
-        out = model.generate(**x, max_new_tokens=MAX_TOKENS, do_sample=False, output_logits=True,
+        out = model.generate(**x, max_new_tokens=max_tokens, do_sample=False, output_logits=True,
                              return_dict_in_generate=True, pad_token_id=0, eos_token_id=None)
     tokens = out.sequences[0, x["input_ids"].shape[1]:].tolist()
     logprobs = [torch.log_softmax(step[0].float(), -1).numpy() for step in out.logits]
     return x["input_ids"][0].tolist(), tokens, logprobs
 
 
-def _params():
-    return SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=5)
+def _params(max_tokens=MAX_TOKENS):
+    return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, logprobs=5)
 
 
 def _check_against_hf(out, hf, prompt, images):
-    ids, tokens, ref_logprobs = _hf_generate(hf, prompt, images)
+    ids, tokens, ref_logprobs = _hf_generate(hf, prompt, images, len(out.outputs[0].token_ids))
     assert out.prompt_token_ids == ids  # the checkpoint's processor expanded the placeholders
     assert list(out.outputs[0].token_ids) == tokens
     for step, ref in zip(out.outputs[0].logprobs, ref_logprobs):
@@ -88,6 +88,21 @@ def test_two_images_in_one_prompt(llm, hf):
                                  {"prompt": TWO, "multi_modal_data": {"image": images[::-1]}}], _params(),
                                 use_tqdm=False)
     assert _check_against_hf(out, hf, TWO, images) != _check_against_hf(swapped, hf, TWO, images[::-1])
+
+
+def test_preempted_requests_are_encoded_again_and_still_match(llm, hf):
+    """Four requests of 29 prompt + 20 output tokens (4 blocks each at the end) in 8 blocks: some
+    are preempted, their encoder rows dropped, and recomputed from their images when they resume."""
+    runner = llm.llm_engine.get_model_runner()
+    preemptions, encoded = llm.llm_engine.scheduler.num_preemptions, runner.encoder.num_encoded
+    images = [random_image(10 + i) for i in range(4)]
+    outs = llm.generate([{"prompt": ONE, "multi_modal_data": {"image": im}} for im in images], _params(20),
+                        use_tqdm=False)
+    assert len(outs[0].prompt_token_ids) == 29 and len(outs[0].outputs[0].token_ids) == 20
+    assert llm.llm_engine.scheduler.num_preemptions > preemptions
+    assert runner.encoder.num_encoded > encoded + 4  # some images were encoded twice
+    for out, im in zip(outs, images):
+        _check_against_hf(out, hf, ONE, [im])
 
 
 def test_prefix_cache_reuses_the_same_image_never_another(llm, hf):
