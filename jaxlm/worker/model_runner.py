@@ -107,9 +107,13 @@ class ModelRunner:
         # LoRA: adapter slots on the device, a slot index per token (jaxlm/lora/slots.py).
         self.lora = LoRASlotManager(model, lora_targets, lora, self._param_leaves) if lora_targets else None
         # A multimodal model: the vision encoder's programs and cache (worker/encoder_runner.py).
-        self.encoder = (EncoderRunner(model, self.graphdef, self._param_treedef,
-                                      image_limit(config.model_config.limit_mm_per_prompt), self._replicated)
-                        if getattr(model, "supports_multimodal", False) else None)
+        self.encoder = None
+        if getattr(model, "supports_multimodal", False):
+            if config.speculative_config is not None and config.speculative_config.method == "draft_model":
+                raise ValueError("a draft model cannot run beside a multimodal target yet (it would not see the "
+                                 "images): use speculative method ngram or none")
+            self.encoder = EncoderRunner(model, self.graphdef, self._param_treedef,
+                                         image_limit(config.model_config.limit_mm_per_prompt), self._replicated)
         self.kernel_constraints = kernel_constraints(model, self.block_size, self.kv_cache_spec.head_dim)
         c = self.kernel_constraints
         comp = config.compilation_config
