@@ -35,8 +35,9 @@ class MultiModalFeatureSpec(msgspec.Struct, array_like=True):
 
     @property
     def hash_key(self) -> int:
-        """The identifier as an int (Python's str hash is salted per process; an int's is not)."""
-        return int(self.identifier[:16], 16)
+        """The whole sha256 as an int (Python's str hash is salted per process; an int's is not);
+        kept in the block's key, so only a sha256 collision could alias two images' KV."""
+        return int(self.identifier, 16)
 
 
 def block_extra_keys(features: Sequence[MultiModalFeatureSpec] | None, block_size: int,

@@ -105,6 +105,17 @@ def test_preempted_requests_are_encoded_again_and_still_match(llm, hf):
         _check_against_hf(out, hf, ONE, [im])
 
 
+def test_n_siblings_share_the_image_prefix(llm, hf):
+    """n=2: the second sequence waits for the first's prompt blocks and reuses them (same image)."""
+    image = random_image(8)
+    hits = llm.llm_engine.get_stats()["prefix_cache_hits"]
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=5, n=2)
+    [out] = llm.generate({"prompt": ONE, "multi_modal_data": {"image": image}}, params, use_tqdm=False)
+    assert llm.llm_engine.get_stats()["prefix_cache_hits"] - hits == 16
+    a, b = out.outputs
+    assert list(a.token_ids) == list(b.token_ids) == _hf_generate(hf, ONE, [image], MAX_TOKENS)[1]
+
+
 def test_prefix_cache_reuses_the_same_image_never_another(llm, hf):
     """The first block holds the text and half the image: the same image hits it, another misses."""
     image, other = random_image(4), random_image(5)
