@@ -44,6 +44,9 @@ class ModelConfig:
     limit_mm_per_prompt: dict[str, Any] | None = arg(
         None, "JSON object: the most items of each modality one prompt may carry, e.g. '{\"image\": 2}' "
               "(default 4 images; every count up to it has a compiled encoder program)", parse=parse_json_object)
+    allowed_local_media_path: str | None = arg(
+        None, "directory whose files chat image_url parts may name as file:///abs/path URLs (their real "
+              "path, symlinks and .. resolved, must lie inside it); without it file: URLs are refused")
     max_logprobs: int = arg(20, "most logprobs (and prompt logprobs) a request may ask for")
     chat_template: str | None = arg(None, "chat template: a Jinja file or the template itself "
                                           "(default: the tokenizer's)")
@@ -67,6 +70,11 @@ class ModelConfig:
             raise ValueError("enforce_eager=True is not supported: jaxlm runs only compiled XLA programs "
                              "(--compilation-cache-dir keeps them across restarts)")
         self.chat_template = load_chat_template(self.chat_template)
+        if self.allowed_local_media_path is not None:
+            if not os.path.isdir(self.allowed_local_media_path):
+                raise ValueError(f"allowed_local_media_path {self.allowed_local_media_path!r} is not an existing "
+                                 "directory")
+            self.allowed_local_media_path = os.path.realpath(self.allowed_local_media_path)
 
 
 def load_chat_template(chat_template: str | None) -> str | None:

@@ -183,7 +183,7 @@ class InputProcessor:
             return None
         from jaxlm.entrypoints.chat_utils import ChatImages
 
-        return ChatImages(self.mm_processor.placeholder)
+        return ChatImages(self.mm_processor.placeholder, self.mm_processor.allowed_local_media_path)
 
     def check_prompt_token_ids(self, ids: list[int]) -> None:
         """Non-empty and in the vocabulary (also what /detokenize needs)."""

@@ -53,7 +53,8 @@ def _mm_processor(mc: Any) -> Any:
         return None
     from jaxlm.multimodal.processing import MultiModalProcessor
 
-    return MultiModalProcessor(mc.model, mc.hf_config, mc.limit_mm_per_prompt)
+    return MultiModalProcessor(mc.model, mc.hf_config, mc.limit_mm_per_prompt,
+                               mc.allowed_local_media_path)
 
 
 class LLMEngine:

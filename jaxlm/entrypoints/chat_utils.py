@@ -31,10 +31,12 @@ class NoChatTemplateError(InvalidRequestError):
 class ChatImages:
     """The images of a conversation's ``image_url`` parts, in order, and the placeholder text the
     model's processor expands (LLaVA's ``<image>``); as vLLM, a message's placeholders come
-    before its text. A text-only model has none: its image parts are refused."""
+    before its text. A text-only model has none: its image parts are refused.
+    allowed_local_media_path: the directory file: URLs may read (None: they are refused)."""
 
-    def __init__(self, placeholder: str) -> None:
+    def __init__(self, placeholder: str, allowed_local_media_path: str | None = None) -> None:
         self.placeholder = placeholder
+        self.allowed_local_media_path = allowed_local_media_path
         self.images: list[Any] = []
 
 
@@ -47,7 +49,7 @@ def _image_part(part: Mapping[str, Any], images: ChatImages | None) -> str:
     image_url = part.get("image_url")
     url = image_url.get("url") if isinstance(image_url, Mapping) else image_url
     try:
-        images.images.append(load_image_url(url))
+        images.images.append(load_image_url(url, images.allowed_local_media_path))
     except ValueError as e:
         raise InvalidRequestError("messages", str(e)) from None
     return images.placeholder

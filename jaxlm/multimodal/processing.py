@@ -42,10 +42,13 @@ def image_limit(limit_mm_per_prompt: dict[str, int] | None) -> int:
 
 
 class MultiModalProcessor:
-    """``hf_config``: the resolved config (text config carrying image_token_index, registry.py)."""
+    """``hf_config``: the resolved config (text config carrying image_token_index, registry.py);
+    ``allowed_local_media_path``: the directory chat file: image URLs may read (None: refused)."""
 
-    def __init__(self, model_path: str, hf_config: Any, limit_mm_per_prompt: dict[str, int] | None = None):
+    def __init__(self, model_path: str, hf_config: Any, limit_mm_per_prompt: dict[str, int] | None = None,
+                 allowed_local_media_path: str | None = None):
         self.model_path = model_path
+        self.allowed_local_media_path = allowed_local_media_path
         self.image_token_index = int(hf_config.image_token_index)
         self.max_images = image_limit(limit_mm_per_prompt)
         self._processor: Any = None

@@ -86,7 +86,8 @@ async def render_chat_request(serving: Any, request: Any) -> Any:
         raise OpenAIError(f"chat templates in requests are refused unless the server runs with {TRUST_FLAG}",
                           400, "chat_template")
     images = serving.input_processor.chat_images()  # None: a text-only model refuses image parts
-    conversation = parse_chat_messages(request.messages, images)  # as the model's template sees it
+    # On a worker thread: image URLs are fetched while the messages are parsed.
+    conversation = await asyncio.to_thread(parse_chat_messages, request.messages, images)
     variables = {**_special_tokens(serving.tokenizer), **kwargs, "messages": conversation,
                  "add_generation_prompt": add_generation_prompt and not continue_final}
 

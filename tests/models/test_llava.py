@@ -156,7 +156,8 @@ def test_chat_with_a_data_url_image_matches_transformers(llm, hf):
 @pytest.mark.parametrize("url,message", [
     ("data:image/png;base64,@@not base64@@", "not valid base64"),
     ("data:image/png;base64,aGVsbG8gd29ybGQ=", "not a readable image"),
-    ("https://example.com/cat.png", "only data: URLs"),
+    ("ftp://example.com/cat.png", "unsupported URL scheme 'ftp'"),
+    ("file:///etc/hostname", "cannot load local files .* without --allowed-local-media-path"),
 ])
 def test_bad_chat_image_fails_alone(llm, url, message):
     with pytest.raises(ValueError, match=message):

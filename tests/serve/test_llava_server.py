@@ -1,12 +1,18 @@
 """Images through /v1/chat/completions with the openai client: OpenAI image_url parts holding
-data URLs, on a tiny random LLaVA whose engine core runs in its own process (the images cross
-to it in the msgpack messages). The greedy text equals transformers' on the same rendered
-prompt; every refusal is a 400 in OpenAI's error shape and the server keeps serving."""
+data URLs, http URLs (a local http.server) and file URLs under --allowed-local-media-path, on a
+tiny random LLaVA whose engine core runs in its own process (the images cross to it in the
+msgpack messages). The greedy text equals transformers' on the same rendered prompt; every
+refusal (a bad URL, a hanging or missing one, a file outside the directory, a decompression
+bomb) is a 400 in OpenAI's error shape and the server keeps serving."""
 
 from __future__ import annotations
 
 import base64
+import http.server
 import io
+import os
+import socket
+import threading
 
 import pytest
 
@@ -25,10 +31,63 @@ def path(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(path):
-    srv = serve_engine(path, ["--served-model-name", "llava"], **ENGINE)
+def media(tmp_path_factory):
+    """The allowed directory: an image, a decompression bomb (8000x7000 1-bit PNG, ~7 KB that
+    decodes to 56 megapixels) and a symlink to an image outside it."""
+    from PIL import Image
+
+    root, outside = tmp_path_factory.mktemp("media"), tmp_path_factory.mktemp("outside")
+    random_image(3).save(root / "cat.png")
+    random_image(3).save(outside / "secret.png")
+    Image.new("1", (8000, 7000)).save(root / "bomb.png", optimize=True)
+    os.symlink(outside / "secret.png", root / "link.png")
+    return root, outside
+
+
+@pytest.fixture(scope="module")
+def server(path, media):
+    srv = serve_engine(path, ["--served-model-name", "llava"], allowed_local_media_path=str(media[0]), **ENGINE)
     yield srv
     srv.stop()
+
+
+def _png(image) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def web():
+    """A local http.server: /cat.png (image 3), /text (a non-image body), anything else 404; and a
+    socket that accepts connections (the kernel's backlog) and never answers."""
+    bodies = {"/cat.png": (_png(random_image(3)), "image/png"), "/text": (b"<html>not an image</html>", "text/html")}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            body, kind = bodies.get(self.path, (None, None))
+            if body is None:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    hang = socket.socket()
+    hang.bind(("127.0.0.1", 0))
+    hang.listen(8)
+    yield f"http://127.0.0.1:{httpd.server_port}", f"http://127.0.0.1:{hang.getsockname()[1]}/cat.png"
+    httpd.shutdown()
+    httpd.server_close()
+    hang.close()
 
 
 def _url(image) -> str:
@@ -70,7 +129,7 @@ def test_chat_with_data_url_images_matches_transformers(server, path):
 @pytest.mark.parametrize("urls,message", [
     (["data:image/png;base64,%%%"], "not valid base64"),
     (["data:image/png;base64," + base64.b64encode(b"not an image").decode()], "not a readable image"),
-    (["http://127.0.0.1:9/cat.png"], "only data: URLs"),
+    (["ftp://127.0.0.1/cat.png"], "unsupported URL scheme 'ftp'"),
     ([_url(random_image(0))] * 2, r"At most 1 image\(s\)"),
 ])
 def test_bad_images_get_a_400_and_the_server_goes_on(server, urls, message):
@@ -83,4 +142,46 @@ def test_bad_images_get_a_400_and_the_server_goes_on(server, urls, message):
         assert re.search(message, error["message"]) and error["type"] == "BadRequestError", error
         ok = http.post("/v1/chat/completions", json={"model": "llava", "max_tokens": 2,
                                                       "messages": [{"role": "user", "content": "hi"}]})
+        assert ok.status_code == 200, ok.text
+
+
+def _chat_text(client, url: str) -> str:
+    out = client.chat.completions.create(model="llava", messages=_messages(url), max_tokens=MAX_TOKENS,
+                                         temperature=0.0, extra_body={"ignore_eos": True})
+    return out.choices[0].message.content
+
+
+def test_http_and_file_urls_give_the_data_url_text(server, media, web):
+    """The same image as a data URL, an http URL and a file URL inside --allowed-local-media-path
+    (also through a `..` that stays inside): the same greedy text."""
+    client = server.client()
+    expected = _chat_text(client, _url(random_image(3)))
+    assert _chat_text(client, web[0] + "/cat.png") == expected
+    assert _chat_text(client, f"file://{media[0]}/cat.png") == expected
+    assert _chat_text(client, f"file://{media[0]}/../{media[0].name}/cat.png") == expected
+
+
+def test_bad_fetched_images_get_a_400_and_the_server_goes_on(server, media, web, monkeypatch):
+    import re
+
+    monkeypatch.setenv("VLLM_IMAGE_FETCH_TIMEOUT", "1")  # read per fetch (vLLM's variable)
+    root, outside = media
+    cases = [
+        (web[1], r"timed out after 1 s \(VLLM_IMAGE_FETCH_TIMEOUT\)"),
+        (web[0] + "/missing.png", "HTTP 404"),
+        (web[0] + "/text", "is not a readable image"),
+        (f"file://{outside}/secret.png", "outside --allowed-local-media-path"),
+        (f"file://{root}/../{outside.name}/secret.png", "outside --allowed-local-media-path"),
+        (f"file://{root}/link.png", "outside --allowed-local-media-path"),  # a symlink escaping
+        (f"file://{root}/bomb.png", r"8000x7000 = 56000000 pixels; at most 40000000"),
+    ]
+    with server.http() as http:
+        for url, message in cases:
+            r = http.post("/v1/chat/completions", json={"model": "llava", "messages": _messages(url), "max_tokens": 2})
+            assert r.status_code == 400, (url, r.text)
+            error = r.json()["error"]
+            assert re.search(message, error["message"]) and error["type"] == "BadRequestError", (url, error)
+            assert error["param"] == "messages", error
+        ok = http.post("/v1/chat/completions", json={"model": "llava", "max_tokens": 2,
+                                                      "messages": _messages(_url(random_image(0)))})
         assert ok.status_code == 200, ok.text
