@@ -30,8 +30,16 @@ def path(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def llm(path):
-    return LLM(model=path, **ENGINE)
+def media(tmp_path_factory):
+    """The directory chat file: URLs may read, holding image 7."""
+    root = tmp_path_factory.mktemp("media")
+    random_image(7).save(root / "seven.png")
+    return root
+
+
+@pytest.fixture(scope="module")
+def llm(path, media):
+    return LLM(model=path, allowed_local_media_path=str(media), **ENGINE)
 
 
 @pytest.fixture(scope="module")
@@ -153,11 +161,19 @@ def test_chat_with_a_data_url_image_matches_transformers(llm, hf):
     _check_against_hf(out, hf, rendered, [image])
 
 
+def test_chat_with_a_file_url_under_allowed_local_media_path(llm, hf, media):
+    """LLM(allowed_local_media_path=...): a file: URL inside it is read; one outside is refused."""
+    [out] = llm.chat(_chat(f"file://{media}/seven.png"), _params(), use_tqdm=False)
+    _check_against_hf(out, hf, "<s>user\n<image>\nWhat is in it?</s>\n<s>assistant\n", [random_image(7)])
+    with pytest.raises(ValueError, match="outside --allowed-local-media-path"):
+        llm.chat(_chat(f"file://{media}/../seven.png"), _params(), use_tqdm=False)
+
+
 @pytest.mark.parametrize("url,message", [
     ("data:image/png;base64,@@not base64@@", "not valid base64"),
     ("data:image/png;base64,aGVsbG8gd29ybGQ=", "not a readable image"),
     ("ftp://example.com/cat.png", "unsupported URL scheme 'ftp'"),
-    ("file:///etc/hostname", "cannot load local files .* without --allowed-local-media-path"),
+    ("file://localhost.example/x.png", "must name a local absolute path"),
 ])
 def test_bad_chat_image_fails_alone(llm, url, message):
     with pytest.raises(ValueError, match=message):
