@@ -62,6 +62,8 @@ class Scheduler:
         # The last decode step's requests, as core/decode_update.py reuses them.
         self._decode_batch = None
         self.num_preemptions = 0
+        self.mm_cache_queries = 0  # images of admitted requests
+        self.mm_cache_hits = 0  # ... whose placeholders the prefix cache held: never encoded
         # Speculative decoding (core/spec_decode.py); whether the step being scheduled speculates.
         self.spec = SpecDecodeScheduling(speculative_config) if speculative_config is not None else None
         self._spec_step = False
@@ -216,6 +218,9 @@ class Scheduler:
             self.waiting.pop_request()
             if request.num_cached_tokens < 0:  # first admission (resumes are not counted)
                 kv.record_prefix_cache_query(request.num_tokens, num_computed)
+                if request.mm_features:
+                    self.mm_cache_queries += len(request.mm_features)
+                    self.mm_cache_hits += sum(f.mm_position.end <= num_computed for f in request.mm_features)
                 request.num_cached_tokens = num_computed
                 request.scheduled_ts = time.time()
             request.num_computed_tokens = num_computed
@@ -371,6 +376,8 @@ class Scheduler:
             prefix_cache_queries=pc.queries,
             prefix_cache_hits=pc.hits,
             num_preemptions=self.num_preemptions,
+            mm_cache_queries=self.mm_cache_queries,
+            mm_cache_hits=self.mm_cache_hits,
             spec_decoding_stats=self.spec.stats.copy() if self.spec is not None else None,
             running_lora_adapters=lora_counts(self.running) if self.lora else {},
             waiting_lora_adapters=lora_counts(self.waiting) if self.lora else {},

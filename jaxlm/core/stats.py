@@ -87,6 +87,10 @@ class SchedulerStats:
     prefix_cache_hits: int = 0
     # Cumulative number of preemptions.
     num_preemptions: int = 0
+    # Cumulative, in images (vLLM's mm_cache_queries / mm_cache_hits): the images of admitted
+    # requests, and those the prefix cache covered so that they were never encoded.
+    mm_cache_queries: int = 0
+    mm_cache_hits: int = 0
     # Cumulative; None unless the engine speculates.
     spec_decoding_stats: SpecDecodingStats | None = None
     # LoRA adapter name -> requests running / waiting with it (vllm:lora_requests_info).
@@ -110,6 +114,8 @@ def merge_scheduler_stats(stats: list[SchedulerStats]) -> SchedulerStats:
         prefix_cache_queries=sum(s.prefix_cache_queries for s in stats),
         prefix_cache_hits=sum(s.prefix_cache_hits for s in stats),
         num_preemptions=sum(s.num_preemptions for s in stats),
+        mm_cache_queries=sum(s.mm_cache_queries for s in stats),
+        mm_cache_hits=sum(s.mm_cache_hits for s in stats),
         spec_decoding_stats=merge_spec_decoding_stats([s.spec_decoding_stats for s in stats]),
         running_lora_adapters=_sum_counts(s.running_lora_adapters for s in stats),
         waiting_lora_adapters=_sum_counts(s.waiting_lora_adapters for s in stats),

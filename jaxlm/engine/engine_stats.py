@@ -73,6 +73,8 @@ class FrontendStats:
             "prefix_cache_queries": s.prefix_cache_queries,
             "prefix_cache_hits": s.prefix_cache_hits,
             "num_preemptions_total": s.num_preemptions,
+            "mm_cache_queries": s.mm_cache_queries,
+            "mm_cache_hits": s.mm_cache_hits,
             "prompt_tokens_total": sum(t.prompt_tokens_total for t in tokens),
             "generation_tokens_total": sum(t.generation_tokens_total for t in tokens),
             "spec_decoding": s.spec_decoding_stats,  # None unless the engine speculates

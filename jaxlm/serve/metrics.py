@@ -68,6 +68,8 @@ _ENGINE_COUNTERS = [
     ("vllm:prompt_tokens", "Number of prefill tokens processed.", "prompt_tokens_total"),
     ("vllm:generation_tokens", "Number of generation tokens processed.", "generation_tokens_total"),
     ("vllm:num_preemptions", "Cumulative number of preemptions from the engine.", "num_preemptions_total"),
+    ("vllm:mm_cache_queries", "Multi-modal cache queries, in terms of number of queried items.", "mm_cache_queries"),
+    ("vllm:mm_cache_hits", "Multi-modal cache hits, in terms of number of cached items.", "mm_cache_hits"),
 ]
 FINISHED_REASONS = ("stop", "length", "abort")
 LABELS = ["model_name", "engine"]
@@ -80,6 +82,8 @@ _SCHEDULER_FIELDS = {
     "prefix_cache_queries": "prefix_cache_queries",
     "prefix_cache_hits": "prefix_cache_hits",
     "num_preemptions_total": "num_preemptions",
+    "mm_cache_queries": "mm_cache_queries",
+    "mm_cache_hits": "mm_cache_hits",
 }
 
 

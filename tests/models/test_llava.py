@@ -113,6 +113,28 @@ def test_preempted_requests_are_encoded_again_and_still_match(llm, hf):
         _check_against_hf(out, hf, ONE, [im])
 
 
+def _mm_delta(after: dict, before: dict) -> tuple[int, int]:
+    return (after["mm_cache_queries"] - before["mm_cache_queries"], after["mm_cache_hits"] - before["mm_cache_hits"])
+
+
+def test_mm_cache_counts_images_the_prefix_cache_spares_the_encoder(llm, hf):
+    """vLLM's mm_cache_queries / mm_cache_hits: the image (positions 1-16) lies inside the two full
+    blocks the second request finds cached, so it is a hit and the encoder does not run it."""
+    prompt = "<image> The capital of France is Paris, the capital of Italy is Rome, and"
+    image, runner = random_image(9), llm.llm_engine.get_model_runner()
+    before = llm.llm_engine.get_stats()
+    first = llm.generate({"prompt": prompt, "multi_modal_data": {"image": image}}, _params(), use_tqdm=False)[0]
+    assert len(first.prompt_token_ids) > 2 * 16  # two full blocks to reuse
+    mid, encoded = llm.llm_engine.get_stats(), runner.encoder.num_encoded
+    assert _mm_delta(mid, before) == (1, 0)
+    again = llm.generate({"prompt": prompt, "multi_modal_data": {"image": image}}, _params(), use_tqdm=False)[0]
+    after = llm.llm_engine.get_stats()
+    assert _mm_delta(after, mid) == (1, 1)
+    assert runner.encoder.num_encoded == encoded  # the hit was never encoded
+    assert list(again.outputs[0].token_ids) == list(first.outputs[0].token_ids)
+    _check_against_hf(again, hf, prompt, [image])
+
+
 def test_n_siblings_share_the_image_prefix(llm, hf):
     """n=2: the second sequence waits for the first's prompt blocks and reuses them (same image)."""
     image = random_image(8)

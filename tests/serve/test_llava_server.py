@@ -17,7 +17,7 @@ import threading
 import pytest
 
 from tests.helpers.tiny_llava import make_tiny_llava, random_image
-from tests.serve.conftest import serve_engine
+from tests.serve.conftest import metric, serve_engine
 
 pytestmark = pytest.mark.timeout(300)
 MAX_TOKENS = 5
@@ -114,6 +114,8 @@ def _hf_text(path: str, image) -> str:
 
 
 def test_chat_with_data_url_images_matches_transformers(server, path):
+    assert metric(server.metrics(), "vllm:mm_cache_queries_total") == 0  # at rest: the series, at zero
+    assert metric(server.metrics(), "vllm:mm_cache_hits_total") == 0
     client = server.client()
     texts = []
     for seed in (0, 1):
@@ -124,6 +126,7 @@ def test_chat_with_data_url_images_matches_transformers(server, path):
         assert out.usage.prompt_tokens > 16  # the placeholder expanded to the image's 16 tokens
         texts.append(out.choices[0].message.content)
     assert texts[0] != texts[1]  # the image is read
+    assert metric(server.metrics(), "vllm:mm_cache_queries_total") == 2  # one image per request
 
 
 @pytest.mark.parametrize("urls,message", [
