@@ -54,7 +54,10 @@ def decode_image(raw: bytes, what: str) -> Any:
 
     try:
         image = Image.open(io.BytesIO(raw))  # reads the header only
-    except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as e:
+    except Image.DecompressionBombError as e:  # PIL's own guard, past ~179 MP
+        raise ValueError(f"image_url: {what} is too large to decode ({e}); at most {MAX_IMAGE_PIXELS} pixels "
+                         "are decoded") from None
+    except (UnidentifiedImageError, OSError) as e:
         raise ValueError(f"image_url: {what} is not a readable image ({e})") from None
     width, height = image.size
     if width * height > MAX_IMAGE_PIXELS:

@@ -8,13 +8,15 @@ from __future__ import annotations
 import http.server
 import io
 import os
+import struct
 import threading
+import zlib
 
 import pytest
 
 from jaxlm.config.model import ModelConfig
 from jaxlm.multimodal import fetch
-from jaxlm.multimodal.image import load_image_url
+from jaxlm.multimodal.image import decode_image, load_image_url
 
 
 def _png() -> bytes:
@@ -88,6 +90,24 @@ def test_fetch_timeout_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv("VLLM_IMAGE_FETCH_TIMEOUT", "soon")
     with pytest.raises(ValueError, match="VLLM_IMAGE_FETCH_TIMEOUT must be a number"):
         load_image_url("http://127.0.0.1:9/x.png")
+
+
+def _png_header(width: int, height: int) -> bytes:
+    """A PNG of its signature, IHDR and an empty IDAT: PIL opens it lazily and knows its size."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)  # 1-bit greyscale
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", b"")
+
+
+@pytest.mark.parametrize("size,message", [
+    ((8000, 7000), r"8000x7000 = 56000000 pixels; at most 40000000 pixels are decoded"),  # our limit
+    ((20000, 20000), r"too large to decode .*; at most 40000000 pixels"),  # past PIL's own guard
+])
+def test_images_past_the_pixel_limit_are_refused_before_decoding(size, message):
+    with pytest.raises(ValueError, match=message):
+        decode_image(_png_header(*size), "the image")
 
 
 def test_file_urls_need_an_allowed_directory(tmp_path):
