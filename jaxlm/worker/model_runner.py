@@ -47,19 +47,18 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxlm.attention.kv_quant import kv_scale_leaf_index, kv_scales_after_step, storage_dtype
-from jaxlm.attention.metadata import AttentionMetadata
+from jaxlm.attention.kv_quant import kv_scale_leaf_index
 from jaxlm.config import EngineConfig
 from jaxlm.config.speculative import max_sampled_rows
 from jaxlm.core.outputs import ModelRunnerOutput
 from jaxlm.core.sched_output import SchedulerOutput
 from jaxlm.executor.distributed import place_inputs
-from jaxlm.lora.layers import install_lora, set_lora_step
+from jaxlm.lora.layers import install_lora
 from jaxlm.lora.slots import LoRASlotManager
 from jaxlm.multimodal.processing import image_limit
 from jaxlm.sample.builder import SamplingInputBuilder
-from jaxlm.sample.metadata import SERVING_VARIANTS, HostArrays, SamplerVariant, unpack_metadata
-from jaxlm.sample.sampler import compute_prompt_logprobs, sample
+from jaxlm.sample.metadata import SERVING_VARIANTS, HostArrays, SamplerVariant
+from jaxlm.sample.sampler import sample
 from jaxlm.worker.buckets import (
     PaddingStats, decode_buckets, default_seq_buckets, default_token_buckets, prompt_logprobs_buckets,
     validate_buckets)
@@ -68,12 +67,13 @@ from jaxlm.worker.compile_guard import CompileGuard
 from jaxlm.worker.compile_jobs import compile_jobs
 from jaxlm.worker.encoder_runner import EncoderRunner
 from jaxlm.worker.input_batch import InputBatch, StepInputs
+from jaxlm.worker.kv_cache_alloc import allocate_kv_caches, kv_sharding
 from jaxlm.worker.program_cache import DeferredLoads
 from jaxlm.worker.release import delete_arrays, reachable_arrays
 from jaxlm.worker.request_states import RequestStates
 from jaxlm.worker.step_handle import StepHandle
 from jaxlm.worker.step_programs import (
-    DECODE, MD_FIELDS, MIXED, PROMPT_LOGPROBS, gathered, kernel_constraints, leaves_read, unpack, with_unread)
+    DECODE, MIXED, PROMPT_LOGPROBS, body_program, kernel_constraints, leaves_read, sample_program)
 from jaxlm.worker.warmup import warm_up
 
 logger = logging.getLogger(__name__)
@@ -169,25 +169,16 @@ class ModelRunner:
     # ---- KV cache -------------------------------------------------------------------------
 
     def initialize_kv_cache(self, num_blocks: int, dtype: jnp.dtype) -> None:
-        spec = self.kv_cache_spec
-        shape = (2, num_blocks, self.block_size, spec.num_kv_heads, spec.head_dim)
-        sharding = self._kv_sharding(spec.num_kv_heads)
-        # An fp8 cache is kept as its bytes (kv_quant.storage_dtype); the attention layers know the format.
-        self.kv_caches = [jnp.zeros(shape, storage_dtype(dtype), device=sharding) for _ in range(spec.num_layers)]
-        logger.info("KV cache: %d blocks x %d tokens, %d layers, %s",
-                    num_blocks, self.block_size, spec.num_layers, jnp.dtype(dtype).name)
+        self.kv_caches = allocate_kv_caches(self.kv_cache_spec, num_blocks, self.block_size, dtype,
+                                            self._kv_sharding(self.kv_cache_spec.num_kv_heads))
 
     def kv_cache_shards(self) -> int:
         """Devices a KV block is split over (1 unless tensor parallel splits the KV heads)."""
         sharding = self._kv_sharding(self.kv_cache_spec.num_kv_heads)
         return 1 if sharding is None else sharding.mesh.shape["model"] if sharding.spec[3] else 1
 
-    def _kv_sharding(self, num_kv_heads: int):
-        if self.mesh is None:
-            return None
-        tp = self.mesh.shape.get("model", 1)
-        spec = jax.sharding.PartitionSpec(None, None, None, "model" if num_kv_heads % tp == 0 and tp > 1 else None)
-        return jax.sharding.NamedSharding(self.mesh, spec)
+    def _kv_sharding(self, num_kv_heads: int) -> jax.sharding.NamedSharding | None:
+        return kv_sharding(self.mesh, num_kv_heads)
 
     def release_device_memory(self) -> int:
         """Engine shutdown: stops a background compile, drops the programs and deletes every
@@ -221,53 +212,10 @@ class ModelRunner:
         return shapes
 
     def _body_fn(self, T: int, kind: str) -> Callable:
-        graphdef, k, replicated = self.graphdef, self.sampling.max_logprobs, self._replicated
-        shapes, treedef, scale_index = self._step_shapes(T, kind), self._param_treedef, self._kv_scale_index
-
-        def body(leaves, kv_caches, packed, prev_tokens, *mm_embeds):
-            params = jax.tree.unflatten(treedef, leaves)
-            x = unpack(packed, shapes)
-            idx = x["prev_idx"]
-            x["input_ids"] = jnp.where(idx >= 0, prev_tokens[jnp.maximum(idx, 0)], x["input_ids"])
-            # max_query_len is static: a kernel backend traces its decode kernel for DECODE.
-            md = AttentionMetadata(**{f: x[f] for f in MD_FIELDS}, max_query_len=1 if kind == DECODE else None)
-            model = nnx.merge(graphdef, params)
-            if "lora_slots" in x:
-                set_lora_step(model, x["lora_slots"])
-            # A multimodal model's image rows, merged at its placeholder tokens (mm_mask).
-            mm = {"mm_embeds": mm_embeds[0], "mm_mask": x["mm_mask"]} if mm_embeds else {}
-            hidden, kv_caches = model(x["input_ids"], md.positions, kv_caches, md, **mm)
-            selected = hidden[x["logits_indices"]]
-            if replicated is not None:
-                selected = jax.lax.with_sharding_constraint(selected, replicated)
-            # The K/V scales the step used (computed by the first one): (scales,) or ().
-            scales = (kv_scales_after_step(model, scale_index, replicated),) if scale_index else ()
-            if kind != PROMPT_LOGPROBS:
-                return selected, *scales, kv_caches
-            logits = gathered(model.compute_logits(hidden), replicated)
-            prompt_lps = compute_prompt_logprobs(logits, x["next_token_ids"], k)
-            return selected, prompt_lps, *scales, kv_caches
-
-        return body
+        return body_program(self, T, kind)
 
     def _sample_fn(self, num_rows: int, md: HostArrays) -> Callable:
-        merge, replicated, treedef, sampler = self._merge_for_sampler, self._replicated, self._param_treedef, self.sampler_fn
-        layout, static = md.layout(), (md.variant, md.max_logprobs, md.num_candidates)
-        pad = self.sample_capacity - num_rows
-        index, like = self._sampler_leaf_index, self._param_leaves
-
-        def logits_and_sample(read_leaves, hidden, packed_md):
-            sampling_md = unpack_metadata(packed_md, layout, *static)
-            model = merge(jax.tree.unflatten(treedef, with_unread(read_leaves, index, like)))
-            logits = model.compute_logits(hidden[:num_rows])
-            out = sampler(gathered(logits, replicated), sampling_md)
-            # The next step's decode rows read their input ids from here (async scheduling).
-            tokens = jnp.pad(out.sampled_token_ids, (0, pad))
-            if replicated is not None:
-                tokens = jax.lax.with_sharding_constraint(tokens, replicated)
-            return out, tokens
-
-        return logits_and_sample
+        return sample_program(self, num_rows, md)
 
     def _merge_for_sampler(self, params: Any) -> nnx.Module:
         """The model the sampler traces (the pipeline runner adds the other stages' abstract params)."""

@@ -1,14 +1,22 @@
-"""What the runner's compiled step programs share: the body's static kinds, unpacking the packed
-step inputs inside a program, gathering vocab-split logits and the attention kernels' shape
-rules (the compile guard is worker/compile_guard.py)."""
+"""The runner's compiled step programs: the body and the sampler as traced functions, and what
+they share: the body's static kinds, unpacking the packed step inputs inside a program, gathering
+vocab-split logits and the attention kernels' shape rules (the compile guard is
+worker/compile_guard.py)."""
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
+
+from jaxlm.attention.kv_quant import kv_scales_after_step
+from jaxlm.attention.metadata import AttentionMetadata
+from jaxlm.lora.layers import set_lora_step
+from jaxlm.sample.metadata import unpack_metadata
+from jaxlm.sample.sampler import compute_prompt_logprobs
 
 # Static kinds of the body program (see the module docstring).
 MIXED, DECODE, PROMPT_LOGPROBS = "mixed", "decode", "prompt_logprobs"
@@ -70,3 +78,59 @@ def with_unread(read: list[Any], index: list[int], like: list[Any]) -> list[Any]
     for i, leaf in zip(index, read):
         full[i] = leaf
     return full
+
+
+def body_program(runner: Any, T: int, kind: str) -> Callable:
+    """The body for token bucket T of `kind`: (leaves, kv_caches, packed, prev_tokens[, mm rows])
+    -> (the sampling rows' hidden states[, prompt logprobs][, K/V scales], kv_caches)."""
+    graphdef, k, replicated = runner.graphdef, runner.sampling.max_logprobs, runner._replicated
+    shapes, treedef, scale_index = runner._step_shapes(T, kind), runner._param_treedef, runner._kv_scale_index
+
+    def body(leaves, kv_caches, packed, prev_tokens, *mm_embeds):
+        params = jax.tree.unflatten(treedef, leaves)
+        x = unpack(packed, shapes)
+        idx = x["prev_idx"]
+        x["input_ids"] = jnp.where(idx >= 0, prev_tokens[jnp.maximum(idx, 0)], x["input_ids"])
+        # max_query_len is static: a kernel backend traces its decode kernel for DECODE.
+        md = AttentionMetadata(**{f: x[f] for f in MD_FIELDS}, max_query_len=1 if kind == DECODE else None)
+        model = nnx.merge(graphdef, params)
+        if "lora_slots" in x:
+            set_lora_step(model, x["lora_slots"])
+        # A multimodal model's image rows, merged at its placeholder tokens (mm_mask).
+        mm = {"mm_embeds": mm_embeds[0], "mm_mask": x["mm_mask"]} if mm_embeds else {}
+        hidden, kv_caches = model(x["input_ids"], md.positions, kv_caches, md, **mm)
+        selected = hidden[x["logits_indices"]]
+        if replicated is not None:
+            selected = jax.lax.with_sharding_constraint(selected, replicated)
+        # The K/V scales the step used (computed by the first one): (scales,) or ().
+        scales = (kv_scales_after_step(model, scale_index, replicated),) if scale_index else ()
+        if kind != PROMPT_LOGPROBS:
+            return selected, *scales, kv_caches
+        logits = gathered(model.compute_logits(hidden), replicated)
+        prompt_lps = compute_prompt_logprobs(logits, x["next_token_ids"], k)
+        return selected, prompt_lps, *scales, kv_caches
+
+    return body
+
+
+def sample_program(runner: Any, num_rows: int, md: Any) -> Callable:
+    """The sampler over the first `num_rows` hidden rows for `md`'s layout and variant:
+    (read leaves, hidden, packed metadata) -> (SamplerOutput, tokens padded to the capacity)."""
+    merge, replicated, treedef, sampler = (runner._merge_for_sampler, runner._replicated, runner._param_treedef,
+                                           runner.sampler_fn)
+    layout, static = md.layout(), (md.variant, md.max_logprobs, md.num_candidates)
+    pad = runner.sample_capacity - num_rows
+    index, like = runner._sampler_leaf_index, runner._param_leaves
+
+    def logits_and_sample(read_leaves, hidden, packed_md):
+        sampling_md = unpack_metadata(packed_md, layout, *static)
+        model = merge(jax.tree.unflatten(treedef, with_unread(read_leaves, index, like)))
+        logits = model.compute_logits(hidden[:num_rows])
+        out = sampler(gathered(logits, replicated), sampling_md)
+        # The next step's decode rows read their input ids from here (async scheduling).
+        tokens = jnp.pad(out.sampled_token_ids, (0, pad))
+        if replicated is not None:
+            tokens = jax.lax.with_sharding_constraint(tokens, replicated)
+        return out, tokens
+
+    return logits_and_sample
