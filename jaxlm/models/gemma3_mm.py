@@ -131,6 +131,10 @@ class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
         x, kv_caches = run_decoder_layers(lm.decoder_layers(), x, positions, kv_caches, attn_metadata)
         return lm.final(x), kv_caches
 
+    def _is_ignored(self, name: str) -> bool:
+        # SigLIP's attention-pooling head (vision_use_head): Gemma 3 reads the patch states only.
+        return name.startswith("vision_tower.head.") or super()._is_ignored(name)
+
     def canonical_name(self, name: str) -> str:
         for old, new in self._PREFIXES:
             if name.startswith(old):

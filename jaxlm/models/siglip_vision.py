@@ -4,7 +4,7 @@ What is SigLIP's own beside CLIP (clip_vision.py, whose blocks it uses: the same
 attention + MLP under the same names): the patch convolution has a bias, there is no class
 token and no pre-norm, and the output is the last block's state after ``post_layernorm``.
 The attention-pooling ``head`` (``vision_use_head``) is not built: Gemma 3 reads the patch
-states, and its configs set no head. Replicated under tensor parallel, never quantized.
+states (its published configs set no head; a checkpoint's head weights are skipped). Replicated under tensor parallel, never quantized.
 """
 
 from __future__ import annotations
