@@ -126,6 +126,22 @@ def test_prefix_cache_reuses_the_same_image_never_another(llm, hf):
     _check_against_hf(out, hf, ONE, [other])
 
 
+def test_chat_with_a_data_url_image_matches_transformers(llm, hf):
+    """OpenAI's image_url part: Gemma3Processor's image_token (<start_of_image>) goes before the
+    message's text, the processor expands it into its soft tokens."""
+    import base64
+    import io
+
+    image, buf = random_image(7), io.BytesIO()
+    image.save(buf, format="PNG")
+    url = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                             {"type": "text", "text": "What is in it?"}]}]
+    [out] = llm.chat(messages, _params(), use_tqdm=False)
+    rendered = "<s>user\n<start_of_image>\nWhat is in it?</s>\n<s>assistant\n"  # tiny_tokenizer's template
+    _check_against_hf(out, hf, rendered, [image])
+
+
 def test_engine_goes_on_with_no_leak_and_no_compile(llm):
     runner = llm.llm_engine.get_model_runner()
     assert llm.llm_engine.engine_config.scheduler_config.disable_chunked_mm_input
