@@ -29,6 +29,7 @@ from jaxlm.core.request_queue import RequestQueue, create_request_queue
 from jaxlm.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
 from jaxlm.core.spec_decode import SpecDecodeScheduling
 from jaxlm.core.stats import SchedulerStats
+from jaxlm.multimodal.inputs import chunk_end_before_split_item
 
 logger = logging.getLogger(__name__)
 _computed = operator.attrgetter("num_computed_tokens")
@@ -154,7 +155,8 @@ class Scheduler:
             request = self.running[req_index]
             num_new_tokens = min(self._num_tokens_to_compute(request), token_budget)
             if num_new_tokens > 0 and self.disable_chunked_mm_input and request.mm_features:
-                num_new_tokens = _whole_mm_items(request, request.num_computed_tokens, num_new_tokens)
+                num_new_tokens = chunk_end_before_split_item(request.mm_features, request.num_computed_tokens,
+                                                             num_new_tokens)
                 if num_new_tokens == 0:  # the next image does not fit this step's budget
                     req_index += 1
                     continue
@@ -214,7 +216,7 @@ class Scheduler:
             computed_blocks, num_computed = kv.get_computed_blocks(request)
             num_new_tokens = min(request.num_tokens - num_computed, token_budget)
             if self.disable_chunked_mm_input and request.mm_features:
-                num_new_tokens = _whole_mm_items(request, num_computed, num_new_tokens)
+                num_new_tokens = chunk_end_before_split_item(request.mm_features, num_computed, num_new_tokens)
                 if num_new_tokens == 0:  # its next image does not fit what is left of the budget
                     break
             new_blocks = kv.allocate_slots(request, num_new_tokens, computed_blocks,
@@ -402,14 +404,3 @@ def _unschedule(req_id: str, num_scheduled_tokens: dict[str, int], cached: Cache
     return num_scheduled_tokens.pop(req_id)
 
 
-
-def _whole_mm_items(request: Request, start: int, num_new_tokens: int) -> int:
-    """disable_chunked_mm_input: the chunk [start, start + num_new_tokens) cut back so that it
-    does not end inside an image's placeholders (to before the image; 0 when it starts inside
-    one it cannot finish)."""
-    end = start + num_new_tokens
-    for f in request.mm_features:
-        lo, hi = f.mm_position.offset, f.mm_position.end
-        if lo < end < hi:
-            return max(lo - start, 0)
-    return num_new_tokens
