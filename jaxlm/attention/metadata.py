@@ -36,6 +36,10 @@ class AttentionMetadata:
     query_start_loc: jax.Array
     # Static: most query tokens any row has this step when known (1 = decode only), else None.
     max_query_len: int | None = dataclasses.field(default=None, metadata=dict(static=True))
+    # [T] the last key position each token may attend to, when some tokens see past their own
+    # (Gemma 3's image tokens see their whole image, models/gemma3_mm.py); None: causal, and
+    # every model but such a multimodal one leaves it so (its programs are unchanged).
+    attn_limits: jax.Array | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -153,12 +153,21 @@ class PallasBackend:
                                        sliding_window=sliding_window,
                                        logits_soft_cap=logits_soft_cap, k_scale=k_scale, v_scale=v_scale,
                                        cache_dtype=cache_dtype)
+        if max_query_len is None:
+            max_query_len = md.max_query_len
+        if md.attn_limits is not None and max_query_len != 1:
+            # The kernels are causal: a step where some token sees past its position (Gemma 3's
+            # image tokens) runs the XLA path instead, decided on the device per step.
+            kw = dict(scale=scale, sliding_window=sliding_window, logits_soft_cap=logits_soft_cap, k_scale=k_scale,
+                      v_scale=v_scale, cache_dtype=cache_dtype)
+            causal = dataclasses.replace(md, attn_limits=None)
+            return jax.lax.cond(jnp.any(md.attn_limits != md.positions),
+                                lambda: paged_attention_xla(q, k, v, kv_cache, md, **kw),
+                                lambda: self(q, k, v, kv_cache, causal, max_query_len=max_query_len, **kw))
         kv_cache = write_kv(kv_cache, k, v, md.slot_mapping, k_scale, v_scale, cache_dtype)
         # An fp8 cache: the kernels read raw values; K's scale rides on q, V's on the output.
         q, out_scale = fold_scales(q, k_scale, v_scale)
         pages = as_fp8_view(kv_cache, cache_dtype)  # byte storage, typed as its format
-        if max_query_len is None:
-            max_query_len = md.max_query_len
         scale = float(scale)
         if max_query_len == 1:
             # Decode: each real token sees its row's keys [0, position]; padding sees none.

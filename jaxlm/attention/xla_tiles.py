@@ -74,7 +74,9 @@ def attend_tiles(qf: jax.Array, kv_cache: jax.Array, md: AttentionMetadata, rows
                  window: int | None, cap: float | None, cache_dtype=None) -> jax.Array:
     """qf [T, Hkv, G, D] (f32, times the softmax scale) -> out [T, Hkv, G, D]: every token of a
     non-decode row attends to keys [lo, position] of its row (lo: its sliding window's first
-    key, else 0), read from the cache; other tokens (decode rows, padding) get zeros."""
+    key, else 0; ``md.attn_limits``: keys up to the token's limit instead of its position, the
+    window still counted back from its position, as transformers' Gemma 3 image mask), read
+    from the cache; other tokens (decode rows, padding) get zeros."""
     T, Hkv, G, D = qf.shape
     bs = kv_cache.shape[2]
     Bq = block_q_for(T)
@@ -90,6 +92,7 @@ def attend_tiles(qf: jax.Array, kv_cache: jax.Array, md: AttentionMetadata, rows
     # Head-major, one padding tile at the end: a tile is the slice [q0 * G, q0 * G + M).
     qh = jnp.pad(qf, ((0, Bq), (0, 0), (0, 0), (0, 0))).transpose(1, 0, 2, 3).reshape(Hkv, -1, D)
     tok = jnp.arange(M) // G  # tile row -> token within the tile
+    limits = None if md.attn_limits is None else jnp.pad(md.attn_limits, (0, Bq))
 
     def tile(t, out):
         row = jnp.minimum(jnp.searchsorted(cum, t, side="right"), R - 1)
@@ -100,6 +103,11 @@ def attend_tiles(qf: jax.Array, kv_cache: jax.Array, md: AttentionMetadata, rows
         qpos = first + tok
         mine = tok < qlen
         hi = first + qlen  # keys [lo, hi) cover every token of the tile
+        if limits is None:
+            qlim = qpos
+        else:  # a token may see keys past its position (in this step: written above)
+            qlim = jnp.where(mine, lax.dynamic_slice_in_dim(limits, q0, Bq)[tok], qpos)
+            hi = jnp.maximum(hi, jnp.max(jnp.where(mine, qlim + 1, 0)))
         lo = 0 if window is None else jnp.maximum(first - window + 1, 0)
         # The tile's own tokens still hold their queries: the loop's buffer starts as qh, and
         # a tile writes only its own tokens.
@@ -115,7 +123,7 @@ def attend_tiles(qf: jax.Array, kv_cache: jax.Array, md: AttentionMetadata, rows
             s = softcap(jnp.einsum("hmd,jhd->hmj", q_t, kc), cap)
             if masked:
                 j = c * chunk + jnp.arange(n)
-                mask = mine[:, None] & (j[None, :] <= qpos[:, None])  # [M, n]
+                mask = mine[:, None] & (j[None, :] <= qlim[:, None])  # [M, n]
                 if window is not None:
                     mask &= j[None, :] > qpos[:, None] - window
                 s = jnp.where(mask[None], s, NEG_INF)

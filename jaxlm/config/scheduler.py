@@ -26,6 +26,9 @@ class SchedulerConfig:
     # Not an argument: ModelConfig.max_model_len once resolved against the model (the engine
     # copies it here; the scheduler and the runner read it from here).
     max_model_len: int | None = None
+    # Not an argument: vLLM's disable_chunked_mm_input, set by the engine core for a model whose
+    # image tokens attend to each other (Gemma 3): a chunk never ends inside an image.
+    disable_chunked_mm_input: bool = False
 
     def __post_init__(self) -> None:
         if self.scheduling_policy not in SCHEDULING_POLICIES:

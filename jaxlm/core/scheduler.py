@@ -29,6 +29,7 @@ from jaxlm.core.request_queue import RequestQueue, create_request_queue
 from jaxlm.core.sched_output import CachedRequestData, NewRequestData, SchedulerOutput
 from jaxlm.core.spec_decode import SpecDecodeScheduling
 from jaxlm.core.stats import SchedulerStats
+from jaxlm.multimodal.inputs import chunk_end_before_split_item
 
 logger = logging.getLogger(__name__)
 _computed = operator.attrgetter("num_computed_tokens")
@@ -46,6 +47,7 @@ class Scheduler:
         self.max_num_seqs = scheduler_config.max_num_seqs
         self.max_num_batched_tokens = scheduler_config.max_num_batched_tokens
         self.max_model_len = scheduler_config.max_model_len
+        self.disable_chunked_mm_input = scheduler_config.disable_chunked_mm_input
         self.block_size = cache_config.block_size
         self.kv_cache_manager = KVCacheManager(
             num_blocks=cache_config.num_gpu_blocks,
@@ -152,6 +154,12 @@ class Scheduler:
         while req_index < len(self.running) and token_budget > 0:
             request = self.running[req_index]
             num_new_tokens = min(self._num_tokens_to_compute(request), token_budget)
+            if num_new_tokens > 0 and self.disable_chunked_mm_input and request.mm_features:
+                num_new_tokens = chunk_end_before_split_item(request.mm_features, request.num_computed_tokens,
+                                                             num_new_tokens)
+                if num_new_tokens == 0:  # the next image does not fit this step's budget
+                    req_index += 1
+                    continue
             if num_new_tokens <= 0 and self._skip_quietly(request):
                 req_index += 1
                 continue
@@ -207,6 +215,10 @@ class Scheduler:
                 continue
             computed_blocks, num_computed = kv.get_computed_blocks(request)
             num_new_tokens = min(request.num_tokens - num_computed, token_budget)
+            if self.disable_chunked_mm_input and request.mm_features:
+                num_new_tokens = chunk_end_before_split_item(request.mm_features, num_computed, num_new_tokens)
+                if num_new_tokens == 0:  # its next image does not fit what is left of the budget
+                    break
             new_blocks = kv.allocate_slots(request, num_new_tokens, computed_blocks,
                                            self._lookahead(request, num_computed + num_new_tokens))
             if new_blocks is None:
@@ -390,4 +402,5 @@ def _unschedule(req_id: str, num_scheduled_tokens: dict[str, int], cached: Cache
     for column in (cached.req_ids, cached.new_block_ids, cached.num_computed_tokens):
         del column[i]
     return num_scheduled_tokens.pop(req_id)
+
 

@@ -50,12 +50,32 @@ def async_scheduling_blocker(config: EngineConfig) -> str | None:
     return None
 
 
+def _whole_images_per_step(config: EngineConfig) -> None:
+    """A model whose image tokens attend to each other (Gemma 3: ``bidirectional_mm_items``)
+    prefills each image in one step: vLLM's disable_chunked_mm_input, which needs a step's
+    token budget to hold an image."""
+    from jaxlm.models.registry import get_model_architecture, is_multimodal_config
+
+    hf_config = config.model_config.hf_config
+    if not is_multimodal_config(hf_config) or not getattr(get_model_architecture(hf_config),
+                                                           "bidirectional_mm_items", False):
+        return
+    sched = config.scheduler_config
+    per_image = int(getattr(hf_config, "mm_tokens_per_image", 0) or 0)
+    if sched.max_num_batched_tokens < per_image:
+        raise ValueError(f"max_num_batched_tokens={sched.max_num_batched_tokens} cannot hold one image's "
+                         f"{per_image} tokens, which this model prefills in one step (its image tokens attend "
+                         "to each other): raise --max-num-batched-tokens")
+    sched.disable_chunked_mm_input = True
+
+
 class EngineCore:
     """One scheduler over one executor (its own devices and KV cache)."""
 
     def __init__(self, config: EngineConfig, engine_index: int = 0) -> None:
         self.engine_config = config
         self.engine_index = engine_index
+        _whole_images_per_step(config)
         self.executor = Executor.get_class(config)(config)
         try:
             self._initialize_kv_cache(config)

@@ -1,4 +1,5 @@
-"""CLIP's vision transformer (HF ``CLIPVisionModel``), the image encoder of LLaVA.
+"""CLIP's vision transformer (HF ``CLIPVisionModel``), the image encoder of LLaVA; its blocks
+are SigLIP's too (siglip_vision.py).
 
 Patches (a stride-p convolution, done as one matmul over flattened patches) + a class token +
 learned position embeddings, a pre-LayerNorm, then pre-norm blocks of bidirectional attention
@@ -53,6 +54,15 @@ def _linear(i: int, o: int, *, dtype, rngs: nnx.Rngs) -> Linear:
     return Linear(i, o, bias=True, parallel=REPLICATED, dtype=dtype, rngs=rngs, quantizable=False)
 
 
+def patch_embed(pixel_values: jax.Array, weight: jax.Array, p: int) -> jax.Array:
+    """HF's stride-p Conv2d (weight [D, C, p, p]) over [N, C, H, W] as one matmul over the
+    flattened patches, row-major over the patch grid: [N, (H/p) * (W/p), D]."""
+    n, c, h, w = pixel_values.shape
+    patches = pixel_values.reshape(n, c, h // p, p, w // p, p).transpose(0, 2, 4, 1, 3, 5)
+    patches = patches.reshape(n, (h // p) * (w // p), c * p * p)
+    return patches.astype(weight.dtype) @ weight.reshape(weight.shape[0], -1).T
+
+
 class CLIPVisionEmbeddings(nnx.Module):
     def __init__(self, a: CLIPVisionArgs, *, dtype, rngs: nnx.Rngs):
         d, p = a.hidden_size, a.patch_size
@@ -65,13 +75,8 @@ class CLIPVisionEmbeddings(nnx.Module):
 
     def __call__(self, pixel_values: jax.Array) -> jax.Array:
         """[N, C, H, W] -> [N, 1 + patches, D]."""
-        n, c, h, w = pixel_values.shape
-        p = self.patch_size
-        patches = pixel_values.reshape(n, c, h // p, p, w // p, p).transpose(0, 2, 4, 1, 3, 5)
-        patches = patches.reshape(n, (h // p) * (w // p), c * p * p)
-        weight = self.patch_embedding.weight[...]
-        x = patches.astype(weight.dtype) @ weight.reshape(weight.shape[0], -1).T
-        cls = jnp.broadcast_to(self.class_embedding[...], (n, 1, x.shape[-1]))
+        x = patch_embed(pixel_values, self.patch_embedding.weight[...], self.patch_size)
+        cls = jnp.broadcast_to(self.class_embedding[...], (pixel_values.shape[0], 1, x.shape[-1]))
         x = jnp.concatenate([cls, x], axis=1)
         return x + self.position_embedding(jnp.arange(x.shape[1]))[None]
 

@@ -25,7 +25,6 @@ from flax import nnx
 
 from jaxlm.models.config_values import config_float
 from jaxlm.models.llama import LlamaArgs, LlamaDecoderLayer, LlamaForCausalLM, rms_norm
-from jaxlm.models.registry import text_model_config
 from jaxlm.models.rotary import RotaryEmbedding
 
 logger = logging.getLogger(__name__)
@@ -84,35 +83,6 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
             logger.warning("Gemma 3: attn_logit_softcapping=%s is not applied (transformers' and vLLM's Gemma 3 "
                            "do not apply it either)", config.attn_logit_softcapping)
         return layer_ropes(config, self.args.head_dim, self.max_model_len)
-
-
-class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
-    """The language model of Gemma 3's multimodal checkpoints (4B and up as published), served
-    for text: its weights are read from under their prefix (``language_model.model.`` or
-    ``model.language_model.``), the vision tower and the projector are skipped. Image inputs
-    are not supported."""
-
-    _PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
-                 ("language_model.lm_head.", "lm_head."))
-    _VISION = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
-
-    def __init__(self, config: Any, **kwargs: Any):
-        super().__init__(text_model_config(config), **kwargs)
-
-    @classmethod
-    def make_args(cls, config: Any) -> LlamaArgs:
-        # transformers' Gemma3ForConditionalGeneration applies no final_logit_softcapping (its
-        # Gemma3ForCausalLM does); published Gemma 3 checkpoints set none either way.
-        return dataclasses.replace(super().make_args(text_model_config(config)), final_logit_softcap=None)
-
-    def canonical_name(self, name: str) -> str:
-        for old, new in self._PREFIXES:
-            if name.startswith(old):
-                return new + name[len(old):]
-        return name
-
-    def _is_ignored(self, name: str) -> bool:
-        return name.startswith(self._VISION) or super()._is_ignored(name)
 
 
 def layer_ropes(config: Any, head_dim: int, max_model_len: int | None = None) -> tuple[RotaryEmbedding, ...]:

@@ -31,7 +31,7 @@ _MODELS: dict[str, tuple[str, str]] = {
     "OPTForCausalLM": ("opt", "OPTForCausalLM"),
     "GPT2LMHeadModel": ("gpt2", "GPT2LMHeadModel"),
     # Gemma 3 4B and up are published as multimodal checkpoints: served for text, on their text_config.
-    "Gemma3ForConditionalGeneration": ("gemma3", "Gemma3ForConditionalGeneration"),
+    "Gemma3ForConditionalGeneration": ("gemma3_mm", "Gemma3ForConditionalGeneration"),
     # Image inputs (multi_modal_data, chat image_url parts).
     "LlavaForConditionalGeneration": ("llava", "LlavaForConditionalGeneration"),
     # Pooling models (the pooling runner: embed, classify, score).
@@ -50,13 +50,12 @@ _MODELS: dict[str, tuple[str, str]] = {
     "Qwen2ForSequenceClassification": ("pooling_adapters", "Qwen2ForSequenceClassification"),
     "Qwen3ForSequenceClassification": ("pooling_adapters", "Qwen3ForSequenceClassification"),
 }
-# Multimodal architectures whose language model jaxlm runs alone (no image inputs).
-_TEXT_OF_MULTIMODAL = frozenset({"Gemma3ForConditionalGeneration"})
 # Multimodal architectures served with image inputs: their text_config, carrying the fields of the
 # checkpoint's config that the vision tower and the projector read.
-_MULTIMODAL = frozenset({"LlavaForConditionalGeneration"})
+_MULTIMODAL = frozenset({"LlavaForConditionalGeneration", "Gemma3ForConditionalGeneration"})
 _VISION_FIELDS = ("vision_config", "image_token_index", "image_seq_length", "projector_hidden_act",
-                  "vision_feature_layer", "vision_feature_select_strategy", "multimodal_projector_bias")
+                  "vision_feature_layer", "vision_feature_select_strategy", "multimodal_projector_bias",
+                  "mm_tokens_per_image")
 
 
 def _import_qualified(qualname: str) -> type:
@@ -133,20 +132,18 @@ def unsupported_architecture(hf_config: Any) -> str | None:
 
 
 def text_model_config(hf_config: Any) -> Any:
-    """The config the model runs on: for a multimodal checkpoint served for text, its
-    ``text_config`` under the checkpoint's architectures and special token ids (vocab size,
-    heads and context length live there); any other config as is."""
+    """The config the model runs on: for a multimodal checkpoint, its ``text_config`` under the
+    checkpoint's architectures and special token ids (vocab size, heads and context length live
+    there) carrying the fields the vision tower and projector read; any other config as is."""
     archs = list(getattr(hf_config, "architectures", None) or [])
     multimodal = bool(_MULTIMODAL.intersection(archs))
-    if (not (multimodal or _TEXT_OF_MULTIMODAL.intersection(archs))
-            or getattr(hf_config, "text_config", None) is None):
+    if not multimodal or getattr(hf_config, "text_config", None) is None:
         return hf_config
     text = copy.deepcopy(hf_config.get_text_config())
     text.architectures = archs
-    if multimodal:
-        for key in _VISION_FIELDS:
-            if hasattr(hf_config, key):
-                setattr(text, key, copy.deepcopy(getattr(hf_config, key)))
+    for key in _VISION_FIELDS:
+        if hasattr(hf_config, key):
+            setattr(text, key, copy.deepcopy(getattr(hf_config, key)))
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
         value = getattr(hf_config, key, None)
         if value is not None:

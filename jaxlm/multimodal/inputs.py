@@ -49,3 +49,15 @@ def block_extra_keys(features: Sequence[MultiModalFeatureSpec] | None, block_siz
         return ()
     start, end = block_index * block_size, (block_index + 1) * block_size
     return tuple(f.hash_key for f in features if f.mm_position.offset < end and start < f.mm_position.end)
+
+
+def chunk_end_before_split_item(features: Sequence[MultiModalFeatureSpec], start: int, num_new_tokens: int) -> int:
+    """vLLM's disable_chunked_mm_input: the prompt chunk [start, start + num_new_tokens) cut back
+    so that it does not end inside an image's placeholders (to before the image; 0 when it starts
+    inside one it cannot finish)."""
+    end = start + num_new_tokens
+    for f in features:
+        lo, hi = f.mm_position.offset, f.mm_position.end
+        if lo < end < hi:
+            return max(lo - start, 0)
+    return num_new_tokens

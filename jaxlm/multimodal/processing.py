@@ -92,6 +92,9 @@ class MultiModalProcessor:
             raise MultiModalInputError(f"the model's processor refused the input: {e}") from None
         ids = [int(t) for t in np.asarray(out["input_ids"])[0]]
         pixels = np.asarray(out["pixel_values"], np.float32)
+        if len(pixels) != len(images):  # e.g. Gemma 3's do_pan_and_scan: crops beside each image
+            raise MultiModalInputError(f"the processor made {len(pixels)} pixel arrays of {len(images)} image(s) "
+                                       "(image crops, e.g. do_pan_and_scan, are not supported)")
         ranges = self._placeholder_ranges(ids, len(images))
         features = [MultiModalFeatureSpec(data=np.ascontiguousarray(pixels[i]), identifier=_content_hash(pixels[i]),
                                           mm_position=r) for i, r in enumerate(ranges)]

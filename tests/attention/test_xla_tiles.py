@@ -4,6 +4,7 @@ and key chunks cut at awkward places, sliding windows and soft-capping, NaN in u
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -94,3 +95,48 @@ def test_default_tiles_long_rows():
 def test_decode_only_static(small_tiles):
     # max_query_len == 1: the tile loop is not even traced; every row runs as a mat-vec.
     _check([(37, 1), (0, 1), (5, 1), (64, 1)], 4, 4, 2, 16, window=9, max_query_len=1)
+
+
+def _limited_reference(q, cache, md, limits, window, scale):
+    """Dense NumPy: token t of row r sees the row's keys j with lo <= j <= limits[t] (lo: the
+    window counted back from t's own position), read through the block table."""
+    q, cache = np.asarray(q, np.float64), np.asarray(cache, np.float64)
+    pos, req, tables = np.asarray(md.positions), np.asarray(md.token_to_req), np.asarray(md.block_tables)
+    bs, hq, hkv = cache.shape[2], q.shape[1], cache.shape[3]
+    out = np.zeros_like(q)
+    for t in range(int(md.query_start_loc[-1])):
+        keys = np.arange(int(limits[t]) + 1)
+        keys = keys[keys > pos[t] - window] if window else keys
+        page = tables[req[t]][keys // bs]
+        k, v = cache[0, page, keys % bs], cache[1, page, keys % bs]  # [n, hkv, d]
+        for h in range(hq):
+            s = k[:, h // (hq // hkv)] @ q[t, h] * scale
+            p = np.exp(s - s.max())
+            out[t, h] = p @ v[:, h // (hq // hkv)] / p.sum()
+    return out
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_attn_limits_let_image_runs_see_their_later_tokens(small_tiles, window):
+    """AttentionMetadata.attn_limits (Gemma 3's image tokens): a run of tokens sees up to its
+    last position, across tile (8) and chunk (16) edges and past a window shorter than the run;
+    a run that starts at the row's first query token (a prefix hit inside an image); decode rows
+    and text tokens stay causal."""
+    rows = [(9, 1), (0, 1), (0, 30), (20, 12)]
+    rng = np.random.default_rng(3)
+    q, k, v, cache, md = _step(rng, rows, 4, 4, 2, 16)
+    pos = np.asarray(md.positions)
+    limits = pos.copy()
+    starts = np.asarray(md.query_start_loc)
+    for row, (a, b) in ((2, (3, 17)), (2, (20, 24)), (3, (0, 5))):  # runs [a, b) of a row's query tokens
+        lo = starts[row]
+        limits[lo + a:lo + b] = pos[lo + b - 1]
+    md = dataclasses.replace(md, attn_limits=jnp.asarray(limits, jnp.int32))
+    kw = dict(scale=16 ** -0.5, sliding_window=window)
+    full = write_kv_reference(cache, k, v, md.slot_mapping)
+    out, _ = jax.jit(functools.partial(paged_attention_xla, **kw))(q, k, v, cache, md)
+    n = int(starts[-1])
+    ref = _limited_reference(q, full, md, limits, window, kw["scale"])
+    np.testing.assert_allclose(np.asarray(out)[:n], ref[:n], atol=2e-5, rtol=2e-5)
+    causal = _limited_reference(q, full, md, pos, window, kw["scale"])
+    assert np.abs(causal[:n] - ref[:n]).max() > 0.05  # the limits do change what the runs see

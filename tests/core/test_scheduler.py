@@ -285,3 +285,26 @@ def test_core_does_not_import_jax():
         "assert not [m for m in sys.modules if m == 'jax' or m.startswith('jax.')], 'core imports jax'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_disable_chunked_mm_input_never_ends_a_chunk_inside_an_image():
+    """vLLM's disable_chunked_mm_input (set for Gemma 3, whose image tokens attend to each other):
+    with a budget of 6, a 20-token prompt with images at [3, 8) and [9, 13) is prefilled in
+    chunks [0, 3) [3, 9) [9, 15) [15, 20): each image whole in one step. Without it: 6-token chunks."""
+    import numpy as np
+
+    from jaxlm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
+
+    def chunks(whole: bool) -> list[int]:
+        sched = make_scheduler(64, max_num_batched_tokens=6)
+        sched.disable_chunked_mm_input = whole
+        req = make_request("r", list(range(100, 120)), max_tokens=1, ignore_eos=True)
+        req.mm_features = [MultiModalFeatureSpec(np.zeros(1, np.float32), f"{i:064x}", PlaceholderRange(o, n))
+                           for i, (o, n) in enumerate([(3, 5), (9, 4)])]
+        sched.add_request(req)
+        res = run_engine(sched, FakeRunner(4))
+        assert_no_leak(sched)
+        return [so.num_scheduled_tokens["r"] for so in res.steps if "r" in so.num_scheduled_tokens]
+
+    assert chunks(True) == [3, 6, 6, 5]
+    assert chunks(False) == [6, 6, 6, 2]

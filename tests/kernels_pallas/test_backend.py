@@ -91,3 +91,27 @@ def test_constraints_round():
     assert c.num_splits(1, 8, 512) == c.max_num_splits
     assert c.num_splits(256, 8, 512) == 1
     assert c.num_splits(1, 1, 8) == 1
+
+
+@pytest.mark.parametrize("image_run", [False, True])
+def test_attn_limits_take_the_xla_path_only_when_a_token_sees_past_itself(image_run):
+    """Gemma 3's image tokens (AttentionMetadata.attn_limits): the kernels are causal, so a step
+    where some token's limit passes its position runs the XLA path (equal to it, limits
+    applied; chosen on the device per step); with limits equal to the positions the result is
+    the causal one."""
+    import dataclasses
+
+    rng = np.random.default_rng(1)
+    cache, k, v, md = _batch(rng, [(0, 12), (16, 7)], 16, 2, 64, 16, pad_tokens=3, pad_rows=2, dtype=jnp.float32)
+    q = jnp.asarray(rng.standard_normal((k.shape[0], 4, 64)), jnp.float32)
+    limits = np.asarray(md.positions).copy()
+    if image_run:
+        limits[2:8] = limits[7]  # row 0's tokens 2-7 form an image
+    limited = dataclasses.replace(md, attn_limits=jnp.asarray(limits, jnp.int32))
+    kw = dict(scale=0.125, sliding_window=None, logits_soft_cap=None)
+    ref, _ = paged_attention_xla(q, k, v, cache, limited, **kw)
+    causal, _ = paged_attention_xla(q, k, v, cache, md, **kw)
+    out, _ = jax.jit(functools.partial(PallasBackend(interpret=True), **kw))(q, k, v, cache, limited)
+    valid = np.asarray(md.slot_mapping) >= 0
+    assert_close(np.asarray(out)[valid], np.asarray(ref)[valid], jnp.float32, "backend vs xla with limits")
+    assert (np.abs(np.asarray(causal) - np.asarray(ref))[valid].max() > 1e-3) == image_run
