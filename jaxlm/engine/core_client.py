@@ -285,9 +285,26 @@ class SyncMPClient(EngineCoreClient):
             for rejection in batch.rejected:
                 self._owner.pop(rejection.request_id, None)
             batches.append(batch)
-        self.check_health()
+        try:
+            self.check_health()
+        except EngineDeadError:
+            self._await_last_words()
+            raise EngineDeadError(self._dead) from None
         self._check_silence()
         return batches
+
+    def _await_last_words(self, timeout_s: float = 1.0) -> None:
+        """A core that died of an error sends why just before it exits; the exit may be seen
+        first. Its message, if it comes within `timeout_s`, names the cause instead of the exit
+        code (the engine is dead: other outputs still arriving are dropped)."""
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0 and self._output_socket.poll(int(left * 1000)):
+            kind, payload = self._output_socket.recv_multipart(copy=False)
+            if kind.bytes == MSG_OUTPUTS:
+                batch = self._decoder.decode(payload.buffer)
+                if batch.engine_dead is not None:
+                    self._dead = f"engine core {batch.engine_index} died: {batch.engine_dead}"
+                    return
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._owner)

@@ -57,7 +57,9 @@ def dp2(tiny_llama):
     # with the timed exit of the last test.
     deadline = time.monotonic() + 300  # under the test's timeout, so a miss prints the log
     while sum(srv.output().count(s) for s in ("program cache written", "compiled programs from")) < 2:
-        assert time.monotonic() < deadline and srv.proc.poll() is None, srv.log_tail()
+        if time.monotonic() > deadline or srv.proc.poll() is not None:
+            srv.stop(signal.SIGKILL)  # not left running past the failed setup
+            pytest.fail(f"no program cache line from each core:\n{srv.log_tail()}")
         time.sleep(0.2)
     yield srv
     srv.stop(signal.SIGKILL)
