@@ -287,8 +287,10 @@ class SyncMPClient(EngineCoreClient):
             batches.append(batch)
         try:
             self.check_health()
-        except EngineDeadError:
-            self._await_last_words()
+        except EngineDeadError as e:
+            if self._dead is None:  # an exit seen, its cause maybe still on the way
+                self._await_last_words()
+                self._dead = self._dead or str(e)
             raise EngineDeadError(self._dead) from None
         self._check_silence()
         return batches
@@ -342,11 +344,12 @@ class SyncMPClient(EngineCoreClient):
         for core in self.cores:
             if core.process.sentinel in gone:
                 core.process.join(0.1)
-                self._dead = (f"engine core {core.index} (pid {core.process.pid}) exited with code "
-                              f"{core.process.exitcode}")
+                why = f"engine core {core.index} (pid {core.process.pid}) exited with code {core.process.exitcode}"
                 if starting:
-                    raise RuntimeError(f"{self._dead} while starting")
-                raise EngineDeadError(self._dead)
+                    raise RuntimeError(f"{why} while starting")
+                # Not kept in _dead here (any thread may ask): get_output keeps it, or the cause the
+                # core sent just before it exited.
+                raise EngineDeadError(why)
 
     def shutdown(self) -> None:
         """SHUTDOWN to every live core, then kill what is left after a grace period."""
