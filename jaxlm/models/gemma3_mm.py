@@ -38,6 +38,7 @@ from jaxlm.models.layers import RMSNorm
 from jaxlm.models.llama import LlamaArgs
 from jaxlm.models.registry import text_model_config
 from jaxlm.models.siglip_vision import SiglipVisionModel
+from jaxlm.models.vision_language import VisionLanguageMixin, merge_image_rows
 from jaxlm.models.utils import make_param
 
 
@@ -74,8 +75,7 @@ def image_attention_limits(mm_mask: jax.Array, positions: jax.Array, token_to_re
     return jnp.where(img, positions + run_end - idx, positions).astype(jnp.int32)
 
 
-class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
-    supports_multimodal = True
+class Gemma3ForConditionalGeneration(VisionLanguageMixin, Gemma3ForCausalLM):
     # An image's tokens attend to each other: each image is prefilled in one step.
     bidirectional_mm_items = True
     _PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
@@ -84,8 +84,7 @@ class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
 
     def __init__(self, config: Any, **kwargs: Any):
         super().__init__(text_model_config(config), **kwargs)
-        if self.pipeline_size > 1:
-            raise ValueError("pipeline parallel does not run image inputs yet: serve Gemma 3 without it")
+        self.refuse_pipeline_parallel("Gemma 3")
 
     @classmethod
     def make_args(cls, config: Any) -> LlamaArgs:
@@ -103,12 +102,6 @@ class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
 
     # ----- images ----------------------------------------------------------------------
     @property
-    def pixel_shape(self) -> tuple[int, int, int]:
-        """(C, H, W) of one preprocessed image: SigLIP's position embeddings fix its size."""
-        a = self.vision_args
-        return a.num_channels, a.image_size, a.image_size
-
-    @property
     def tokens_per_image(self) -> int:
         return self.mm_tokens_per_image
 
@@ -125,7 +118,7 @@ class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
         else:
             # The soft-token id may lie past the embedding table (transformers embeds id 0 there).
             x = lm.embed(jnp.where(mm_mask != 0, 0, input_ids), positions)
-            x = jnp.where(mm_mask[:, None] != 0, mm_embeds.astype(x.dtype), x)
+            x = merge_image_rows(x, mm_embeds, mm_mask)
             limits = image_attention_limits(mm_mask, attn_metadata.positions, attn_metadata.token_to_req)
             attn_metadata = dataclasses.replace(attn_metadata, attn_limits=limits)
         x, kv_caches = run_decoder_layers(lm.decoder_layers(), x, positions, kv_caches, attn_metadata)
@@ -134,10 +127,3 @@ class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
     def _is_ignored(self, name: str) -> bool:
         # SigLIP's attention-pooling head (vision_use_head): Gemma 3 reads the patch states only.
         return name.startswith("vision_tower.head.") or super()._is_ignored(name)
-
-    def canonical_name(self, name: str) -> str:
-        for old, new in self._PREFIXES:
-            if name.startswith(old):
-                name = new + name[len(old):]
-                break
-        return name.replace("vision_tower.vision_model.", "vision_tower.", 1)

@@ -33,6 +33,7 @@ from jaxlm.models.layers import Linear, ParallelStyle, get_act_fn
 from jaxlm.models.llama import LlamaArgs, LlamaModel
 from jaxlm.models.registry import text_model_config
 from jaxlm.models.rotary import RotaryEmbedding
+from jaxlm.models.vision_language import VisionLanguageMixin, merge_image_rows
 
 
 class LlavaMultiModalProjector(nnx.Module):
@@ -47,16 +48,14 @@ class LlavaMultiModalProjector(nnx.Module):
         return self.linear_2(get_act_fn(self.act)(self.linear_1(x)))
 
 
-class LlavaForConditionalGeneration(CausalLMBase):
-    supports_multimodal = True
+class LlavaForConditionalGeneration(VisionLanguageMixin, CausalLMBase):
     _PREFIXES = (("model.language_model.", "language_model."), ("language_model.model.", "language_model."),
                  ("language_model.lm_head.", "lm_head."), ("model.vision_tower.", "vision_tower."),
                  ("model.multi_modal_projector.", "multi_modal_projector."))
 
     def __init__(self, config: Any, **kwargs: Any):
         super().__init__(text_model_config(config), **kwargs)
-        if self.pipeline_size > 1:
-            raise ValueError("pipeline parallel does not run image inputs yet: serve LLaVA without it")
+        self.refuse_pipeline_parallel("LLaVA")
 
     @classmethod
     def make_args(cls, config: Any) -> LlamaArgs:
@@ -84,12 +83,6 @@ class LlavaForConditionalGeneration(CausalLMBase):
 
     # ----- images ----------------------------------------------------------------------
     @property
-    def pixel_shape(self) -> tuple[int, int, int]:
-        """(C, H, W) of one preprocessed image: CLIP's position embeddings fix its size."""
-        a = self.vision_args
-        return a.num_channels, a.image_size, a.image_size
-
-    @property
     def tokens_per_image(self) -> int:
         return self.vision_args.num_patches + (0 if self.drop_cls else 1)
 
@@ -105,7 +98,7 @@ class LlavaForConditionalGeneration(CausalLMBase):
         lm = self.language_model
         x = lm.embed(input_ids, positions)
         if mm_embeds is not None:
-            x = jnp.where(mm_mask[:, None] != 0, mm_embeds.astype(x.dtype), x)
+            x = merge_image_rows(x, mm_embeds, mm_mask)
         x, kv_caches = run_decoder_layers(lm.decoder_layers(), x, positions, kv_caches, attn_metadata)
         return lm.final(x), kv_caches
 
@@ -122,10 +115,3 @@ class LlavaForConditionalGeneration(CausalLMBase):
     @classmethod
     def args_for_tensor_parallel(cls, args: LlamaArgs, tp: int) -> LlamaArgs:
         return args.for_tensor_parallel(tp)
-
-    def canonical_name(self, name: str) -> str:
-        for old, new in self._PREFIXES:
-            if name.startswith(old):
-                name = new + name[len(old):]
-                break
-        return name.replace("vision_tower.vision_model.", "vision_tower.", 1)
