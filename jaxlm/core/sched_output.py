@@ -32,6 +32,12 @@ class CachedRequestData:
     new_block_ids: list[list[int]] = dataclasses.field(default_factory=list)
     num_computed_tokens: list[int] = dataclasses.field(default_factory=list)
 
+    def remove(self, req_id: str) -> None:
+        """Takes a request back out of this step (the scheduler preempted it after scheduling it)."""
+        i = self.req_ids.index(req_id)
+        for column in (self.req_ids, self.new_block_ids, self.num_computed_tokens):
+            del column[i]
+
 
 @dataclasses.dataclass
 class SchedulerOutput:

@@ -181,7 +181,8 @@ class Scheduler:
                 victim = self.running.pop(victim_index)
                 if victim_index < req_index:  # scheduled earlier in this step (priority): undo it
                     req_index -= 1
-                    token_budget += _unschedule(victim.request_id, num_scheduled_tokens, cached)
+                    cached.remove(victim.request_id)
+                    token_budget += num_scheduled_tokens.pop(victim.request_id)
                     spec_tokens.pop(victim.request_id, None)
                 self._preempt(victim)
                 preempted_reqs.append(victim)
@@ -394,13 +395,4 @@ class Scheduler:
             running_lora_adapters=lora_counts(self.running) if self.lora else {},
             waiting_lora_adapters=lora_counts(self.waiting) if self.lora else {},
         )
-
-
-def _unschedule(req_id: str, num_scheduled_tokens: dict[str, int], cached: CachedRequestData) -> int:
-    """Take a running request back out of this step's output; returns its tokens."""
-    i = cached.req_ids.index(req_id)
-    for column in (cached.req_ids, cached.new_block_ids, cached.num_computed_tokens):
-        del column[i]
-    return num_scheduled_tokens.pop(req_id)
-
 

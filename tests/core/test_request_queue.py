@@ -178,12 +178,12 @@ def _pressure_run(policy):
 
 
 def test_kv_pressure_preempts_the_low_priority_request(monkeypatch):
-    import jaxlm.core.scheduler as scheduler_module
+    from jaxlm.core.sched_output import CachedRequestData
 
     unscheduled = []
-    original = scheduler_module._unschedule
-    monkeypatch.setattr(scheduler_module, "_unschedule",
-                        lambda rid, *a: unscheduled.append(rid) or original(rid, *a))
+    original = CachedRequestData.remove
+    monkeypatch.setattr(CachedRequestData, "remove",
+                        lambda self, rid: unscheduled.append(rid) or original(self, rid))
     victim, outputs = _pressure_run("priority")
     # r0 is the oldest running request, already scheduled in the step where a later one runs
     # out of blocks: it is taken back out of the step and preempted.

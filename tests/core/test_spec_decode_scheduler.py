@@ -159,11 +159,11 @@ def test_eos_and_max_tokens_inside_an_accepted_run():
 def test_priority_preemption_of_a_request_already_scheduled(monkeypatch):
     """Under --scheduling-policy priority the victim may be a request scheduled earlier in the
     same step: its drafts leave the step with its tokens."""
-    from jaxlm.core import scheduler as scheduler_module
+    from jaxlm.core.sched_output import CachedRequestData
 
     undone = []
-    unschedule = scheduler_module._unschedule
-    monkeypatch.setattr(scheduler_module, "_unschedule", lambda rid, *a: undone.append(rid) or unschedule(rid, *a))
+    remove = CachedRequestData.remove
+    monkeypatch.setattr(CachedRequestData, "remove", lambda self, rid: undone.append(rid) or remove(self, rid))
     sched = _scheduler(3, 22, 64, policy="priority")
     reqs = _requests()
     for i, r in enumerate(reqs):  # the earliest admitted are the worst: victims scheduled before
