@@ -181,7 +181,7 @@ class InputProcessor:
         """A ChatImages collecting a conversation's image parts, None for a text-only model."""
         if self.mm_processor is None:
             return None
-        from jaxlm.entrypoints.chat_utils import ChatImages
+        from jaxlm.multimodal.inputs import ChatImages
 
         return ChatImages(self.mm_processor.placeholder, self.mm_processor.allowed_local_media_path)
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from jaxlm.engine.input_processor import InvalidRequestError
+from jaxlm.multimodal.inputs import ChatImages
 
 NO_CHAT_TEMPLATE = ("this model's tokenizer has no chat template: give one with --chat-template (a Jinja "
                     "file or the template itself; chat_template= for LLM and LLM.chat)")
@@ -26,18 +27,6 @@ class NoChatTemplateError(InvalidRequestError):
 
     def __init__(self) -> None:
         super().__init__("messages", NO_CHAT_TEMPLATE)
-
-
-class ChatImages:
-    """The images of a conversation's ``image_url`` parts, in order, and the placeholder text the
-    model's processor expands (LLaVA's ``<image>``); as vLLM, a message's placeholders come
-    before its text. A text-only model has none: its image parts are refused.
-    allowed_local_media_path: the directory file: URLs may read (None: they are refused)."""
-
-    def __init__(self, placeholder: str, allowed_local_media_path: str | None = None) -> None:
-        self.placeholder = placeholder
-        self.allowed_local_media_path = allowed_local_media_path
-        self.images: list[Any] = []
 
 
 def _image_part(part: Mapping[str, Any], images: ChatImages | None) -> str:

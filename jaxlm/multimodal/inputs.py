@@ -7,7 +7,7 @@ the placeholder ranges and the hash; only the runner reads the pixels.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import msgspec
 import numpy as np
@@ -61,3 +61,15 @@ def chunk_end_before_split_item(features: Sequence[MultiModalFeatureSpec], start
         if lo < end < hi:
             return max(lo - start, 0)
     return num_new_tokens
+
+
+class ChatImages:
+    """The images of a conversation's ``image_url`` parts, in order, and the placeholder text the
+    model's processor expands (LLaVA's ``<image>``); as vLLM, a message's placeholders come
+    before its text. A text-only model has none: its image parts are refused.
+    allowed_local_media_path: the directory file: URLs may read (None: they are refused)."""
+
+    def __init__(self, placeholder: str, allowed_local_media_path: str | None = None) -> None:
+        self.placeholder = placeholder
+        self.allowed_local_media_path = allowed_local_media_path
+        self.images: list[Any] = []

@@ -12,7 +12,8 @@ from functools import partial
 from typing import Any
 
 from jaxlm.engine.input_processor import ProcessedPrompt
-from jaxlm.entrypoints.chat_utils import ChatImages, NoChatTemplateError, apply_chat_template, parse_chat_messages
+from jaxlm.entrypoints.chat_utils import NoChatTemplateError, apply_chat_template, parse_chat_messages
+from jaxlm.multimodal.inputs import ChatImages
 from jaxlm.outputs import Logprob
 from jaxlm.reasoning import ReasoningParser, ReasoningParserManager
 from jaxlm.serve.chat_output import ChatOutputParsers, ChoiceOutput
