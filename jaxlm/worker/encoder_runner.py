@@ -81,9 +81,14 @@ class EncoderRunner:
 
     def compile(self, param_leaves: list[Any]) -> int:
         """Compile one program per bucket; returns how many."""
+        if not self.buckets:  # --limit-mm-per-prompt '{"image": 0}': images are refused
+            return 0
         specs = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding) for x in param_leaves]
         treedef, graphdef = self.treedef, self.graphdef
-        embed = lambda leaves, *x: nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves)).get_multimodal_embeddings(*x)  # noqa: E731
+
+        def embed(leaves, *x):
+            return nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves)).get_multimodal_embeddings(*x)
+
         self._leaf_index = leaves_read(embed, specs, *self._input_specs(self.buckets[0]))
         read = [specs[i] for i in self._leaf_index]
         for n in self.buckets:

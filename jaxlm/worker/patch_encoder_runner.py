@@ -29,6 +29,8 @@ from jaxlm.worker.encoder_runner import EncoderRunner
 logger = logging.getLogger(__name__)
 
 _MIN_BUCKET = 64
+# Past this many patches the dense [P, P] attention of a bucket gets heavy (memory and time).
+_LARGE_BUCKET = 16384
 
 
 def max_image_patches(model_path: str, patch_size: int) -> int:
@@ -70,6 +72,10 @@ class PatchEncoderRunner(EncoderRunner):
         self.merge_unit = model.vision_args.merge_unit
         self.buckets = patch_buckets(self._max_patches, self.merge_unit) if max_images > 0 else []
         logger.info("vision encoder buckets (patches): %s", self.buckets)
+        if self.buckets and self.buckets[-1] > _LARGE_BUCKET:
+            logger.warning("the vision encoder's largest bucket is %d patches (%d image(s) of up to max_pixels): "
+                           "its attention is dense, [P, P] per head; lower max_pixels in preprocessor_config.json "
+                           "or --limit-mm-per-prompt", self.buckets[-1], max_images)
 
     def _check_feature(self, req_id: str, f: Any) -> None:
         t, h, w = f.grid_thw or (0, 0, 0)

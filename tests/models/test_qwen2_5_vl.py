@@ -127,11 +127,12 @@ def test_prefix_cache_reuses_the_same_image_never_another(llm, hf):
     image hits both; another image of the same size hits none."""
     image, other = random_image(5, size=LARGE), random_image(6, size=LARGE)
     first = llm.generate({"prompt": ONE, "multi_modal_data": {"image": image}}, _params(), use_tqdm=False)[0]
-    hits, encoded = llm.llm_engine.get_stats()["prefix_cache_hits"], llm.llm_engine.get_model_runner().encoder.num_encoded
+    encoder = llm.llm_engine.get_model_runner().encoder
+    hits, encoded = llm.llm_engine.get_stats()["prefix_cache_hits"], encoder.num_encoded
     again = llm.generate({"prompt": ONE, "multi_modal_data": {"image": image}}, _params(), use_tqdm=False)[0]
     assert llm.llm_engine.get_stats()["prefix_cache_hits"] - hits == 16
     # The hit covers the image's first 11 tokens, not its last: the image is encoded again for it.
-    assert llm.llm_engine.get_model_runner().encoder.num_encoded == encoded + 1
+    assert encoder.num_encoded == encoded + 1
     assert list(again.outputs[0].token_ids) == list(first.outputs[0].token_ids)
     _check_against_hf(again, hf, ONE, [image])
     hits = llm.llm_engine.get_stats()["prefix_cache_hits"]
