@@ -35,7 +35,8 @@ class MRopePositions:
 
     def step_positions(self, inputs: Any, T: int) -> np.ndarray:
         """[3, T] int32: the step's tokens' M-RoPE positions (padding: its index positions)."""
-        out = np.broadcast_to(inputs.positions[:T], (3, T)).copy()
+        out = np.empty((3, T), np.int32)
+        out[:] = inputs.positions[:T]  # (broadcast_to + copy: several times slower per step)
         if not self._tables:
             return out
         qsl = inputs.query_start_loc
@@ -48,4 +49,4 @@ class MRopePositions:
             pos = inputs.positions[lo:hi]
             in_prompt = pos < table.shape[1]
             out[:, lo:hi] = np.where(in_prompt, table[:, np.minimum(pos, table.shape[1] - 1)], pos + delta)
-        return out.astype(np.int32)
+        return out
