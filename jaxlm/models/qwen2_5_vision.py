@@ -15,14 +15,18 @@ What is its own, read from the vision config:
 
 The engine pads a request's patches to a bucket (worker/patch_encoder_runner.py): attention is
 masked by segment ids computed here on the host (``vision_patch_layout``), so images, windows
-and padding never see each other. transformers reorders the patches window by window for its
-variable-length kernels and back after the merger; a mask gives the same result without moving
-rows. Replicated under tensor parallel, never quantized.
+and padding never see each other. As transformers does, the host puts the patches in window
+order (``window_order``: each window's patches consecutive, merge blocks whole) and the merged
+rows back in the prompt's order; so a window layer scores each block of ``window_patches``
+queries against the 3 blocks around it only (P x 3 x window scores, not P x P), while the full
+layers score every pair of a bucket (masked by image frame). Replicated under tensor
+parallel, never quantized.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Sequence
 
 import jax
@@ -76,6 +80,11 @@ class Qwen2_5_VisionArgs:
         """A window's side in merged tokens."""
         return max(self.window_size // self.spatial_merge_size // self.patch_size, 1)
 
+    @property
+    def window_patches(self) -> int:
+        """Patches of the largest window (a whole one)."""
+        return self.window_tokens ** 2 * self.merge_unit
+
 
 def vision_patch_layout(grids: Sequence[tuple[int, int, int]], a: Qwen2_5_VisionArgs, num_patches: int
                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -106,6 +115,15 @@ def vision_patch_layout(grids: Sequence[tuple[int, int, int]], a: Qwen2_5_Vision
     return pos, frame, window
 
 
+def window_order(window: np.ndarray, num_real: int) -> np.ndarray:
+    """The patches' order with each window's patches consecutive (transformers' ``window_index``,
+    at patch level): the real patches by window id, stably (a window's merge blocks keep their
+    row-major order and each block its 4 patches), then the padding. Merge blocks stay whole, so
+    the merged rows come out in this order, one per block."""
+    return np.concatenate([np.argsort(window[:num_real], kind="stable"),
+                           np.arange(num_real, len(window))]).astype(np.int32)
+
+
 def _linear(i: int, o: int, bias: bool = True, *, dtype, rngs: nnx.Rngs) -> Linear:
     return Linear(i, o, bias=bias, parallel=ParallelStyle.REPLICATED, dtype=dtype, rngs=rngs, quantizable=False)
 
@@ -123,15 +141,46 @@ class Qwen2_5_VisionAttention(nnx.Module):
         self.qkv = _linear(d, 3 * d, dtype=dtype, rngs=rngs)
         self.proj = _linear(d, d, dtype=dtype, rngs=rngs)
 
-    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, mask: jax.Array) -> jax.Array:
-        """x [P, D]; cos/sin [P, 1, head_dim/2]; mask [P, P] (True: may attend)."""
+    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, segment: jax.Array, band: int | None
+                 ) -> jax.Array:
+        """x [P, D]; cos/sin [P, 1, head_dim/2]; a patch attends to the patches of its segment [P].
+        band None: any of them (dense [P, P]); else segments are runs of at most ``band``
+        consecutive patches (windows in window order) and only keys within the band are scored."""
         p = x.shape[0]
         qkv = self.qkv(x).reshape(p, 3, self.num_heads, self.head_dim)
         q, k, v = _rotate_2d(qkv[:, 0], cos, sin), _rotate_2d(qkv[:, 1], cos, sin), qkv[:, 2]
-        scores = jnp.einsum("qhd,khd->hqk", q, k, preferred_element_type=jnp.float32) * self.head_dim ** -0.5
-        scores = jnp.where(mask[None], scores, -jnp.inf)
-        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-        return self.proj(jnp.einsum("hqk,khd->qhd", probs, v).reshape(p, -1))
+        attend = _dense_attention if band is None else functools.partial(_banded_attention, band=band)
+        out = attend(q, k, v, segment, self.head_dim ** -0.5)
+        return self.proj(out.reshape(p, -1))
+
+
+def _softmax_rows(scores: jax.Array, mask: jax.Array, v_dtype) -> jax.Array:
+    # A finite fill: a row with no key (the band's padding queries) stays finite, and is dropped.
+    return jax.nn.softmax(jnp.where(mask, scores, -1e30), axis=-1).astype(v_dtype)
+
+
+def _dense_attention(q, k, v, segment, scale):
+    scores = jnp.einsum("qhd,khd->hqk", q, k, preferred_element_type=jnp.float32) * scale
+    probs = _softmax_rows(scores, (segment[:, None] == segment[None, :])[None], v.dtype)
+    return jnp.einsum("hqk,khd->qhd", probs, v)
+
+
+def _banded_attention(q, k, v, segment, scale, band: int):
+    """Queries in blocks of ``band``; block i scores the keys [i*band - band, i*band + 2*band),
+    which hold every key of a segment (a run of at most ``band``) that one of its queries is in:
+    P x 3*band scores a head instead of P x P."""
+    p, h, d = q.shape
+    nb = -(-p // band)
+    tail = nb * band - p
+    q_blocks = jnp.pad(q, ((0, tail), (0, 0), (0, 0))).reshape(nb, band, h, d)
+    q_seg = jnp.pad(segment, (0, tail), constant_values=-3).reshape(nb, band)
+    around = ((band, tail + band), (0, 0), (0, 0))
+    keys = np.arange(nb)[:, None] * band + np.arange(3 * band)[None, :]  # into the padded keys
+    k_blocks, v_blocks = jnp.pad(k, around)[keys], jnp.pad(v, around)[keys]  # [nb, 3*band, h, d]
+    k_seg = jnp.pad(segment, (band, tail + band), constant_values=-2)[keys]
+    scores = jnp.einsum("nqhd,nkhd->nhqk", q_blocks, k_blocks, preferred_element_type=jnp.float32) * scale
+    probs = _softmax_rows(scores, (q_seg[:, :, None] == k_seg[:, None, :])[:, None], v.dtype)
+    return jnp.einsum("nhqk,nkhd->nqhd", probs, v_blocks).reshape(nb * band, h, d)[:p]
 
 
 class Qwen2_5_VisionMLP(nnx.Module):
@@ -153,8 +202,8 @@ class Qwen2_5_VisionBlock(nnx.Module):
         self.attn = Qwen2_5_VisionAttention(a, dtype=dtype, rngs=rngs)
         self.mlp = Qwen2_5_VisionMLP(a, dtype=dtype, rngs=rngs)
 
-    def __call__(self, x, cos, sin, mask):
-        x = x + self.attn(self.norm1(x), cos, sin, mask)
+    def __call__(self, x, cos, sin, segment, band):
+        x = x + self.attn(self.norm1(x), cos, sin, segment, band)
         return x + self.mlp(self.norm2(x))
 
 
@@ -191,8 +240,9 @@ class Qwen2_5_VisionTransformer(nnx.Module):
         self.merger = Qwen2_5_VLPatchMerger(a, dtype=dtype, rngs=rngs)
 
     def __call__(self, pixel_values: jax.Array, pos: jax.Array, frame: jax.Array, window: jax.Array) -> jax.Array:
-        """pixel_values [P, C*T*P*P], pos [P, 2], frame / window [P] (vision_patch_layout)
-        -> [P / merge_unit, out_hidden_size]: one row per merged token, in the prompt's order."""
+        """pixel_values [P, C*T*P*P], pos [P, 2], frame / window [P] (vision_patch_layout), in
+        window order (window_order) -> [P / merge_unit, out_hidden_size]: one row per merge block,
+        in that order."""
         a = self.args
         w = self.patch_embed.proj.weight[...]
         x = pixel_values.astype(w.dtype) @ w.reshape(w.shape[0], -1).T
@@ -202,8 +252,7 @@ class Qwen2_5_VisionTransformer(nnx.Module):
         angles = pos.astype(jnp.float32)[:, :, None] * jnp.asarray(inv_freq, jnp.float32)  # [P, 2, quarter]
         angles = angles.reshape(pos.shape[0], 1, 2 * quarter)  # row's frequencies, then column's
         cos, sin = jnp.cos(angles), jnp.sin(angles)
-        full = frame[:, None] == frame[None, :]
-        windowed = window[:, None] == window[None, :]
         for i, block in enumerate(self.blocks):
-            x = block(x, cos, sin, full if i in a.fullatt_block_indexes else windowed)
+            full = i in a.fullatt_block_indexes
+            x = block(x, cos, sin, frame if full else window, None if full else a.window_patches)
         return self.merger(x)

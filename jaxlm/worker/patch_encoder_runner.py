@@ -4,8 +4,9 @@ where an image's size, and so its patch and token counts, vary.
 A request's images are encoded together: their patches [n, C*T*P*P] back to back, padded to a
 bucket of patch counts (powers of two from 64 up to the prompt's most: the image limit times the
 processor's ``max_pixels`` in patches), with each patch's row/column, image frame and window
-computed on the host (qwen2_5_vision.vision_patch_layout). The masks keep images, windows and
-padding apart, so the padding changes no real row. Every bucket is compiled at warm-up; serving
+computed on the host (qwen2_5_vision.vision_patch_layout), put in window order and the rows put
+back after (window_order). The masks keep images, windows and padding apart, so the padding
+changes no real row. Every bucket is compiled at warm-up; serving
 never compiles. The rows come back one per merged token, image after image, in prompt order.
 The encoder cache and the step rows are EncoderRunner's.
 """
@@ -23,13 +24,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxlm.models.qwen2_5_vision import vision_patch_layout
+from jaxlm.models.qwen2_5_vision import vision_patch_layout, window_order
 from jaxlm.worker.encoder_runner import EncoderRunner
 
 logger = logging.getLogger(__name__)
 
 _MIN_BUCKET = 64
-# Past this many patches the dense [P, P] attention of a bucket gets heavy (memory and time).
+# Past this many patches the full layers' dense [P, P] attention gets heavy (memory and time).
 _LARGE_BUCKET = 16384
 
 
@@ -74,7 +75,7 @@ class PatchEncoderRunner(EncoderRunner):
         logger.info("vision encoder buckets (patches): %s", self.buckets)
         if self.buckets and self.buckets[-1] > _LARGE_BUCKET:
             logger.warning("the vision encoder's largest bucket is %d patches (%d image(s) of up to max_pixels): "
-                           "its attention is dense, [P, P] per head; lower max_pixels in preprocessor_config.json "
+                           "its full-attention layers are dense, [P, P] per head; lower max_pixels in preprocessor_config.json "
                            "or --limit-mm-per-prompt", self.buckets[-1], max_images)
 
     def _check_feature(self, req_id: str, f: Any) -> None:
@@ -101,9 +102,12 @@ class PatchEncoderRunner(EncoderRunner):
             raise ValueError(f"{total} patches exceed the encoder's largest bucket {self.buckets[-1]}")
         pixels = np.zeros((bucket, self.vision_args.patch_dim), np.float32)
         pixels[:total] = np.concatenate([f.data for f in features])
-        layout = vision_patch_layout([f.grid_thw for f in features], self.vision_args, bucket)
+        pos, frame, window = vision_patch_layout([f.grid_thw for f in features], self.vision_args, bucket)
+        order = window_order(window, total)
         read = [param_leaves[i] for i in self._leaf_index]
-        rows = np.asarray(self._programs[bucket](read, pixels, *layout))
+        windowed = np.asarray(self._programs[bucket](read, pixels[order], pos[order], frame[order], window[order]))
+        rows = np.empty_like(windowed)
+        rows[order[::self.merge_unit] // self.merge_unit] = windowed  # back in the prompt's order
         self.num_encoded += len(features)
         logger.debug("encoded %d image(s), %d patches in %.1f ms", len(features), total,
                      1e3 * (time.perf_counter() - start))
