@@ -151,4 +151,7 @@ def text_model_config(hf_config: Any) -> Any:
         value = getattr(hf_config, key, None)
         if value is not None:
             setattr(text, key, value)
+    # transformers 5.x keeps Qwen2.5-VL's tying on the outer config only (its 3B is tied).
+    if not hasattr(text, "tie_word_embeddings") and hasattr(hf_config, "tie_word_embeddings"):
+        text.tie_word_embeddings = bool(hf_config.tie_word_embeddings)
     return text

@@ -41,7 +41,8 @@ def make_tiny_qwen2_5_vl(path: str | os.PathLike, *, seed: int = 0) -> str:
                   fullatt_block_indexes=[1], hidden_act="silu")
     config = Qwen2_5_VLConfig(text_config=text, vision_config=vision, image_token_id=ids["image"],
                               video_token_id=ids["video"], vision_start_token_id=ids["vision_start"],
-                              vision_end_token_id=ids["vision_end"], bos_token_id=1, eos_token_id=2)
+                              vision_end_token_id=ids["vision_end"], bos_token_id=1, eos_token_id=2,
+                              tie_word_embeddings=True)  # as Qwen2.5-VL-3B: no lm_head in the checkpoint
     torch.manual_seed(seed)
     model = Qwen2_5_VLForConditionalGeneration(config)
     with torch.no_grad():  # random weights of a visible scale, so images move the logits
