@@ -34,6 +34,7 @@ _MODELS: dict[str, tuple[str, str]] = {
     "Gemma3ForConditionalGeneration": ("gemma3_mm", "Gemma3ForConditionalGeneration"),
     # Image inputs (multi_modal_data, chat image_url parts).
     "LlavaForConditionalGeneration": ("llava", "LlavaForConditionalGeneration"),
+    "Qwen2_5_VLForConditionalGeneration": ("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"),
     # Pooling models (the pooling runner: embed, classify, score).
     "BertModel": ("bert", "BertModel"),
     "XLMRobertaModel": ("bert", "XLMRobertaModel"),
@@ -52,10 +53,12 @@ _MODELS: dict[str, tuple[str, str]] = {
 }
 # Multimodal architectures served with image inputs: their text_config, carrying the fields of the
 # checkpoint's config that the vision tower and the projector read.
-_MULTIMODAL = frozenset({"LlavaForConditionalGeneration", "Gemma3ForConditionalGeneration"})
+_MULTIMODAL = frozenset({"LlavaForConditionalGeneration", "Gemma3ForConditionalGeneration",
+                         "Qwen2_5_VLForConditionalGeneration"})
 _VISION_FIELDS = ("vision_config", "image_token_index", "image_seq_length", "projector_hidden_act",
                   "vision_feature_layer", "vision_feature_select_strategy", "multimodal_projector_bias",
-                  "mm_tokens_per_image")
+                  "mm_tokens_per_image", "image_token_id", "video_token_id", "vision_start_token_id",
+                  "vision_end_token_id")
 
 
 def _import_qualified(qualname: str) -> type:
@@ -148,4 +151,7 @@ def text_model_config(hf_config: Any) -> Any:
         value = getattr(hf_config, key, None)
         if value is not None:
             setattr(text, key, value)
+    # transformers 5.x keeps Qwen2.5-VL's tying on the outer config only (its 3B is tied).
+    if not hasattr(text, "tie_word_embeddings") and hasattr(hf_config, "tie_word_embeddings"):
+        text.tie_word_embeddings = bool(hf_config.tie_word_embeddings)
     return text

@@ -36,8 +36,9 @@ logger = logging.getLogger(__name__)
 # Steps of at least this many tokens compute the cos/sin tables once (see _tables).
 _TABLE_TOKENS = 64
 _SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
-# Older Phi-3 configs call longrope "su".
-_ROPE_TYPE_ALIASES = {"su": "longrope"}
+# Older Phi-3 configs call longrope "su"; Qwen2-VL configs call their rope "mrope" (transformers
+# reads it as default: the sections are MRotaryEmbedding's).
+_ROPE_TYPE_ALIASES = {"su": "longrope", "mrope": "default"}
 
 
 def _field_value(v: Any) -> Any:
@@ -153,6 +154,41 @@ class RotaryEmbedding:
         cos, sin = cos[:, None, :], sin[:, None, :]
         if self.mscale != 1.0:
             cos, sin = cos * self.mscale, sin * self.mscale
+        return _apply(q, cos, sin, self.dim), _apply(k, cos, sin, self.dim)
+
+
+@dataclasses.dataclass(frozen=True)
+class MRotaryEmbedding(RotaryEmbedding):
+    """Qwen2-VL's multimodal rope (vLLM's name): positions [3, T] (temporal, height, width); the
+    rotary frequencies are split into ``mrope_section`` chunks (t, h, w), each turned by its own
+    position row. A text token has three equal positions, which is plain rope; an image token
+    has its place in the image's grid (multimodal/mrope.py computes the positions)."""
+
+    mrope_section: tuple[int, ...] = ()
+
+    @classmethod
+    def from_config(cls, config: Any, head_dim: int, *, layer_type: str | None = None,
+                    max_model_len: int | None = None) -> "MRotaryEmbedding":
+        base = RotaryEmbedding.from_config(config, head_dim, layer_type=layer_type, max_model_len=max_model_len)
+        if base.rope_type != "default" or base.rotary_dim is not None:
+            raise ValueError(f"M-RoPE with rope_type {base.rope_type!r} or partial rotary is not supported")
+        section = tuple(int(x) for x in dict(base.fields).get("mrope_section", ()))
+        if len(section) != 3 or sum(section) != head_dim // 2:
+            raise ValueError(f"rope mrope_section {list(section)} must be 3 numbers summing to head_dim / 2 "
+                             f"({head_dim // 2})")
+        return cls(head_dim, base.theta, base.rope_type, base.fields, mrope_section=section)
+
+    def __call__(self, positions: jax.Array, q: jax.Array, k: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """positions [3, T] (or [T]: text only); q [T, Hq, D], k [T, Hkv, D]."""
+        if positions.ndim == 1:
+            return super().__call__(positions, q, k)
+        inv_freq = jnp.asarray(_inv_freq(self.dim, self.theta, self.rope_type, self.fields))
+        # Frequency j turns by the position row of its section (t, h or w).
+        row = np.repeat(np.arange(3), self.mrope_section)
+        pos = positions.astype(jnp.float32)[row]  # [dim/2, T]
+        freqs = pos.T * inv_freq[None, :]  # [T, dim/2]
+        cos, sin = _tables(freqs, positions[0])
+        cos, sin = cos[:, None, :], sin[:, None, :]
         return _apply(q, cos, sin, self.dim), _apply(k, cos, sin, self.dim)
 
 

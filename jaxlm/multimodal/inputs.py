@@ -25,13 +25,15 @@ class PlaceholderRange(msgspec.Struct, array_like=True, frozen=True):
 
 
 class MultiModalFeatureSpec(msgspec.Struct, array_like=True):
-    """One image of a request: its preprocessed pixels [C, H, W] (float32), its content hash
-    (vLLM's mm_hash: the same pixels, the same rows) and where its placeholders sit."""
+    """One image of a request: its preprocessed pixels [C, H, W] (float32; a dynamic-resolution
+    model's: its patches [n, C*T*P*P] and their (t, h, w) ``grid_thw``), its content hash (vLLM's
+    mm_hash: the same pixels, the same rows) and where its placeholders sit."""
 
     data: np.ndarray
     identifier: str
     mm_position: PlaceholderRange
     modality: str = "image"
+    grid_thw: tuple[int, int, int] | None = None
 
     @property
     def hash_key(self) -> int:

@@ -49,22 +49,32 @@ class MultiModalProcessor:
                  allowed_local_media_path: str | None = None):
         self.model_path = model_path
         self.allowed_local_media_path = allowed_local_media_path
-        self.image_token_index = int(hf_config.image_token_index)
+        token = getattr(hf_config, "image_token_index", None)
+        self.image_token_index = int(token if token is not None else hf_config.image_token_id)
+        # Qwen2-VL: an image is <|vision_start|><|image_pad|><|vision_end|> in a prompt.
+        self._vision_marks = (getattr(hf_config, "vision_start_token_id", None),
+                              getattr(hf_config, "vision_end_token_id", None))
         self.max_images = image_limit(limit_mm_per_prompt)
         self._processor: Any = None
 
     @property
     def processor(self) -> Any:
         if self._processor is None:  # transformers' processors import torch: on first use
-            from transformers import AutoProcessor
+            from jaxlm.multimodal.hf_processor import load_processor
 
-            self._processor = AutoProcessor.from_pretrained(self.model_path)
+            self._processor = load_processor(self.model_path)
         return self._processor
 
     @property
     def placeholder(self) -> str:
-        """The text a prompt holds per image (LLaVA's ``<image>``), what chat image parts become."""
-        return getattr(self.processor, "image_token", None) or "<image>"
+        """The text a prompt holds per image (LLaVA's ``<image>``; Qwen2-VL's image token between
+        its vision start and end tokens, as vLLM), what chat image parts become."""
+        token = getattr(self.processor, "image_token", None) or "<image>"
+        start, end = self._vision_marks
+        if start is None or end is None:
+            return token
+        to_text = self.processor.tokenizer.convert_ids_to_tokens
+        return f"{to_text(int(start))}{token}{to_text(int(end))}"
 
     def process(self, prompt: Any, images: Any, add_special_tokens: bool = True
                 ) -> tuple[list[int], list[MultiModalFeatureSpec]]:
@@ -91,34 +101,57 @@ class MultiModalProcessor:
         except Exception as e:  # noqa: BLE001 - the processor's own refusal, for this request
             raise MultiModalInputError(f"the model's processor refused the input: {e}") from None
         ids = [int(t) for t in np.asarray(out["input_ids"])[0]]
-        pixels = np.asarray(out["pixel_values"], np.float32)
-        if len(pixels) != len(images):  # e.g. Gemma 3's do_pan_and_scan: crops beside each image
-            raise MultiModalInputError(f"the processor made {len(pixels)} pixel arrays of {len(images)} image(s) "
-                                       "(image crops, e.g. do_pan_and_scan, are not supported)")
-        ranges = self._placeholder_ranges(ids, len(images))
-        features = [MultiModalFeatureSpec(data=np.ascontiguousarray(pixels[i]), identifier=_content_hash(pixels[i]),
-                                          mm_position=r) for i, r in enumerate(ranges)]
+        pixels, grids = _split_pixels(out, len(images))
+        where = np.flatnonzero(np.asarray(ids) == self.image_token_index)
+        if grids is None:  # a fixed size: the placeholders split evenly between the images
+            per = len(where) // len(images) if len(where) % len(images) == 0 else -1
+            counts = [per] * len(images)
+        else:  # dynamic resolution (Qwen2-VL): each image's tokens follow its patch grid
+            merge = int(getattr(self.processor.image_processor, "merge_size", 1))
+            counts = [int(np.prod(g)) // merge ** 2 for g in grids]
+        ranges = _placeholder_ranges(where, counts)
+        features = [MultiModalFeatureSpec(data=np.ascontiguousarray(pixels[i]),
+                                          identifier=_content_hash(pixels[i], grids and grids[i]), mm_position=r,
+                                          grid_thw=grids and grids[i]) for i, r in enumerate(ranges)]
         return ids, features
 
-    def _placeholder_ranges(self, ids: list[int], num_images: int) -> list[PlaceholderRange]:
-        """The expanded placeholders, split evenly between the images (each image: one run)."""
-        where = np.flatnonzero(np.asarray(ids) == self.image_token_index)
-        if num_images == 0 or len(where) % num_images:
-            raise MultiModalInputError(f"the prompt holds {len(where)} image placeholder tokens for {num_images} "
-                                       "image(s): write one image placeholder per image")
-        per = len(where) // num_images
-        ranges = []
-        for i in range(num_images):
-            run = where[i * per:(i + 1) * per]
-            if run[-1] - run[0] != per - 1:
-                raise MultiModalInputError("an image's placeholder tokens are not contiguous in the prompt")
-            ranges.append(PlaceholderRange(int(run[0]), per))
-        return ranges
+
+def _split_pixels(out: Any, num_images: int) -> tuple[list[np.ndarray], list[tuple[int, int, int]] | None]:
+    """Each image's pixels ([C, H, W]; with ``image_grid_thw``, its patches [n, C*T*P*P]) and
+    its patch grid (None: a fixed-size model)."""
+    pixels = np.asarray(out["pixel_values"], np.float32)
+    if "image_grid_thw" in out:
+        grids = [tuple(int(x) for x in g) for g in np.asarray(out["image_grid_thw"])]
+        sizes = [t * h * w for t, h, w in grids]
+        if len(grids) != num_images or sum(sizes) != len(pixels):
+            raise MultiModalInputError(f"the processor made {len(grids)} patch grids ({sum(sizes)} patches, "
+                                       f"{len(pixels)} given) for {num_images} image(s)")
+        return np.split(pixels, np.cumsum(sizes)[:-1]), grids
+    if len(pixels) != num_images:  # e.g. Gemma 3's do_pan_and_scan: crops beside each image
+        raise MultiModalInputError(f"the processor made {len(pixels)} pixel arrays of {num_images} image(s) "
+                                   "(image crops, e.g. do_pan_and_scan, are not supported)")
+    return list(pixels), None
 
 
-def _content_hash(pixels: np.ndarray) -> str:
-    """sha256 of the preprocessed pixels: equal pixels give equal encoder rows."""
+def _placeholder_ranges(where: np.ndarray, counts: list[int]) -> list[PlaceholderRange]:
+    """The expanded placeholders (their prompt indices ``where``), ``counts[i]`` for image i, in
+    order, each image's one contiguous run."""
+    if min(counts) <= 0 or sum(counts) != len(where):
+        raise MultiModalInputError(f"the prompt holds {len(where)} image placeholder tokens for {len(counts)} "
+                                   "image(s): write one image placeholder per image")
+    ranges, start = [], 0
+    for n in counts:
+        run = where[start:start + n]
+        if run[-1] - run[0] != n - 1:
+            raise MultiModalInputError("an image's placeholder tokens are not contiguous in the prompt")
+        ranges.append(PlaceholderRange(int(run[0]), n))
+        start += n
+    return ranges
+
+
+def _content_hash(pixels: np.ndarray, grid: tuple[int, int, int] | None = None) -> str:
+    """sha256 of the preprocessed pixels (and patch grid): equal pixels give equal encoder rows."""
     h = hashlib.sha256()
-    h.update(str(pixels.shape).encode())
+    h.update(str((pixels.shape, grid)).encode())
     h.update(np.ascontiguousarray(pixels).tobytes())
     return h.hexdigest()

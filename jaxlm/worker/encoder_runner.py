@@ -44,10 +44,8 @@ class EncoderRunner:
     def __init__(self, model: nnx.Module, graphdef: Any, treedef: Any, max_images: int,
                  replicated: jax.sharding.NamedSharding | None):
         self.graphdef, self.treedef, self.replicated = graphdef, treedef, replicated
-        self.pixel_shape = tuple(model.pixel_shape)
-        self.tokens_per_image = int(model.tokens_per_image)
         self.hidden_size = int(model.args.hidden_size)
-        self.buckets = image_buckets(max_images)
+        self._setup(model, max_images)
         self._programs: dict[int, Any] = {}
         self._leaf_index: list[int] = []
         self.cache: dict[str, list[np.ndarray]] = {}
@@ -55,28 +53,46 @@ class EncoderRunner:
         self._zero_rows: dict[int, np.ndarray] = {}
         self.num_encoded = 0  # images run through the encoder (tests: a cache hit encodes none)
 
+    def _setup(self, model: nnx.Module, max_images: int) -> None:
+        """The image size and the buckets (a subclass: patch-count buckets)."""
+        self.pixel_shape = tuple(model.pixel_shape)
+        self.tokens_per_image = int(model.tokens_per_image)
+        self.buckets = image_buckets(max_images)
+
+    def _check_feature(self, req_id: str, f: Any) -> None:
+        if f.mm_position.length != self.tokens_per_image:
+            raise ValueError(f"request {req_id}: an image has {f.mm_position.length} placeholder tokens, the "
+                             f"model gives {self.tokens_per_image} rows per image")
+
     # ---- programs -------------------------------------------------------------------------
 
     def _fn(self, like: list[Any]) -> Any:
         graphdef, treedef, index = self.graphdef, self.treedef, self._leaf_index
 
-        def encode(read_leaves, pixel_values):
+        def encode(read_leaves, *inputs):
             model = nnx.merge(graphdef, jax.tree.unflatten(treedef, with_unread(read_leaves, index, like)))
-            return model.get_multimodal_embeddings(pixel_values).astype(jnp.float32)
+            return model.get_multimodal_embeddings(*inputs).astype(jnp.float32)
 
         return encode
 
+    def _input_specs(self, n: int) -> tuple[jax.ShapeDtypeStruct, ...]:
+        """The encoder program's inputs for bucket n: the images' pixels."""
+        return (jax.ShapeDtypeStruct((n, *self.pixel_shape), jnp.float32, sharding=self.replicated),)
+
     def compile(self, param_leaves: list[Any]) -> int:
-        """Compile one program per image bucket; returns how many."""
+        """Compile one program per bucket; returns how many."""
+        if not self.buckets:  # --limit-mm-per-prompt '{"image": 0}': images are refused
+            return 0
         specs = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding) for x in param_leaves]
-        pixels = lambda n: jax.ShapeDtypeStruct((n, *self.pixel_shape), jnp.float32,  # noqa: E731
-                                                sharding=self.replicated)
         treedef, graphdef = self.treedef, self.graphdef
-        embed = lambda leaves, px: nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves)).get_multimodal_embeddings(px)  # noqa: E731
-        self._leaf_index = leaves_read(embed, specs, pixels(1))
+
+        def embed(leaves, *x):
+            return nnx.merge(graphdef, jax.tree.unflatten(treedef, leaves)).get_multimodal_embeddings(*x)
+
+        self._leaf_index = leaves_read(embed, specs, *self._input_specs(self.buckets[0]))
         read = [specs[i] for i in self._leaf_index]
         for n in self.buckets:
-            self._programs[n] = jax.jit(self._fn(specs)).lower(read, pixels(n)).compile()
+            self._programs[n] = jax.jit(self._fn(specs)).lower(read, *self._input_specs(n)).compile()
         return len(self._programs)
 
     def _encode(self, param_leaves: list[Any], features: list[Any]) -> list[np.ndarray]:
@@ -103,9 +119,7 @@ class EncoderRunner:
             self.cache.pop(new.req_id, None)
             if new.mm_features:
                 for f in new.mm_features:
-                    if f.mm_position.length != self.tokens_per_image:
-                        raise ValueError(f"request {new.req_id}: an image has {f.mm_position.length} placeholder "
-                                         f"tokens, the model gives {self.tokens_per_image} rows per image")
+                    self._check_feature(new.req_id, f)
                 self._features[new.req_id] = list(new.mm_features)
             else:
                 self._features.pop(new.req_id, None)
@@ -139,3 +153,18 @@ class EncoderRunner:
                 self.cache.pop(req_id, None)
                 self._features.pop(req_id, None)
         return rows, mask
+
+
+def make_encoder_runner(model: nnx.Module, graphdef: Any, treedef: Any, model_config: Any,
+                        replicated: jax.sharding.NamedSharding | None) -> EncoderRunner:
+    """The encoder runner of a multimodal model: by image count (a fixed image size), or by patch
+    count for a dynamic-resolution model (worker/patch_encoder_runner.py)."""
+    from jaxlm.multimodal.processing import image_limit
+
+    max_images = image_limit(model_config.limit_mm_per_prompt)
+    if not getattr(model, "dynamic_resolution", False):
+        return EncoderRunner(model, graphdef, treedef, max_images, replicated)
+    from jaxlm.worker.patch_encoder_runner import PatchEncoderRunner, max_image_patches
+
+    per_image = max_image_patches(model_config.model, model.vision_args.patch_size)
+    return PatchEncoderRunner(model, graphdef, treedef, max_images, replicated, per_image)

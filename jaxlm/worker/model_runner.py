@@ -55,7 +55,6 @@ from jaxlm.core.sched_output import SchedulerOutput
 from jaxlm.executor.distributed import place_inputs
 from jaxlm.lora.layers import install_lora
 from jaxlm.lora.slots import LoRASlotManager
-from jaxlm.multimodal.processing import image_limit
 from jaxlm.sample.builder import SamplingInputBuilder
 from jaxlm.sample.metadata import SERVING_VARIANTS, HostArrays, SamplerVariant
 from jaxlm.sample.sampler import sample
@@ -65,9 +64,10 @@ from jaxlm.worker.buckets import (
 from jaxlm.worker.background_compile import BackgroundCompiles, ReadyBuckets
 from jaxlm.worker.compile_guard import CompileGuard
 from jaxlm.worker.compile_jobs import compile_jobs
-from jaxlm.worker.encoder_runner import EncoderRunner
+from jaxlm.worker.encoder_runner import make_encoder_runner
 from jaxlm.worker.input_batch import InputBatch, StepInputs
 from jaxlm.worker.kv_cache_alloc import allocate_kv_caches, kv_sharding
+from jaxlm.worker.mrope_positions import MRopePositions
 from jaxlm.worker.program_cache import DeferredLoads
 from jaxlm.worker.release import delete_arrays, reachable_arrays
 from jaxlm.worker.request_states import RequestStates
@@ -112,8 +112,11 @@ class ModelRunner:
             if config.speculative_config is not None and config.speculative_config.method == "draft_model":
                 raise ValueError("a draft model cannot run beside a multimodal target yet (it would not see the "
                                  "images): use speculative method ngram or none")
-            self.encoder = EncoderRunner(model, self.graphdef, self._param_treedef,
-                                         image_limit(config.model_config.limit_mm_per_prompt), self._replicated)
+            self.encoder = make_encoder_runner(model, self.graphdef, self._param_treedef, config.model_config,
+                                               self._replicated)
+        # Qwen2.5-VL's M-RoPE: [3, T] rope positions beside the body's inputs (worker/mrope_positions.py).
+        self.mrope = (MRopePositions(model.vision_args.spatial_merge_size)
+                      if getattr(model, "uses_mrope", False) else None)
         self.kernel_constraints = kernel_constraints(model, self.block_size, self.kv_cache_spec.head_dim)
         c = self.kernel_constraints
         comp = config.compilation_config
@@ -207,6 +210,8 @@ class ModelRunner:
             shapes["lora_slots"] = (T,)
         if self.encoder is not None:
             shapes["mm_mask"] = (T,)
+        if self.mrope is not None:
+            shapes["mrope_positions"] = (3, T)
         if kind == PROMPT_LOGPROBS:
             shapes["next_token_ids"] = (T,)
         return shapes
@@ -266,6 +271,8 @@ class ModelRunner:
         self.states.update(so)
         if self.encoder is not None:
             self.encoder.update(so)
+        if self.mrope is not None:
+            self.mrope.update(so)
         if so.total_num_scheduled_tokens == 0:
             return StepHandle(self.states, None)
 
@@ -293,6 +300,8 @@ class ModelRunner:
         if self.encoder is not None:
             rows, mask = self.encoder.step_rows(self._param_leaves, inputs, T)
             extra, mm = extra + [mask], (self._place(rows),)
+        if self.mrope is not None:
+            extra = extra + [self.mrope.step_positions(inputs, T).ravel()]
         body_in, md_in = self._device_inputs(inputs, kind, sampling, extra)
         if timer:
             timer.lap("transfer")

@@ -98,6 +98,8 @@ def body_program(runner: Any, T: int, kind: str) -> Callable:
             set_lora_step(model, x["lora_slots"])
         # A multimodal model's image rows, merged at its placeholder tokens (mm_mask).
         mm = {"mm_embeds": mm_embeds[0], "mm_mask": x["mm_mask"]} if mm_embeds else {}
+        if "mrope_positions" in x:  # Qwen2.5-VL: the rope's [3, T] positions
+            mm["mrope_positions"] = x["mrope_positions"]
         hidden, kv_caches = model(x["input_ids"], md.positions, kv_caches, md, **mm)
         selected = hidden[x["logits_indices"]]
         if replicated is not None:
