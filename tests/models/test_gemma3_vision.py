@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import pytest
 
-from jaxlm import LLM, SamplingParams
+from jaxlm import LLM
 from tests.helpers.tiny_gemma3_vision import TOKENS_PER_IMAGE, make_tiny_gemma3_vision
 from tests.helpers.tiny_llava import random_image
+from tests.helpers.vision_checks import check_against_hf, greedy_params, hf_greedy, max_logprob_diff
 
 TOL = 1e-4
 MAX_TOKENS = 6
@@ -48,37 +49,21 @@ def hf(path):
 
 
 def _hf_generate(hf, prompt, images, max_tokens, causal_images=False):
-    """transformers' greedy tokens and the log-softmax of each step's logits (causal_images:
-    without token_type_ids, so image tokens attend causally: the mask the engine must NOT use)."""
-    import torch
-
+    """causal_images: without token_type_ids, so image tokens attend causally: the mask the engine
+    must NOT use."""
     model, processor = hf
     x = processor(text=prompt, images=images, return_tensors="pt")
     if causal_images:
         x.pop("token_type_ids")
-    with torch.no_grad():
-        out = model.generate(**x, max_new_tokens=max_tokens, do_sample=False, output_logits=True,
-                             return_dict_in_generate=True, pad_token_id=0, eos_token_id=None)
-    tokens = out.sequences[0, x["input_ids"].shape[1]:].tolist()
-    logprobs = [torch.log_softmax(step[0].float(), -1).numpy() for step in out.logits]
-    return x["input_ids"][0].tolist(), tokens, logprobs
+    return hf_greedy(model, x, max_tokens)
 
 
 def _params(max_tokens=MAX_TOKENS):
-    return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, logprobs=5)
-
-
-def _max_diff(out, ref_logprobs) -> float:
-    return max(abs(lp.logprob - ref[token_id]) for step, ref in zip(out.outputs[0].logprobs, ref_logprobs)
-               for token_id, lp in step.items())
+    return greedy_params(max_tokens)
 
 
 def _check_against_hf(out, hf, prompt, images):
-    ids, tokens, ref_logprobs = _hf_generate(hf, prompt, images, len(out.outputs[0].token_ids))
-    assert out.prompt_token_ids == ids  # the checkpoint's processor expanded <start_of_image>
-    assert list(out.outputs[0].token_ids) == tokens
-    assert _max_diff(out, ref_logprobs) < TOL
-    return tokens
+    return check_against_hf(out, _hf_generate(hf, prompt, images, len(out.outputs[0].token_ids)), TOL)
 
 
 def test_one_image_each_matches_transformers_and_the_image_matters(llm, hf):
@@ -106,8 +91,8 @@ def test_image_tokens_attend_to_later_ones(llm, hf):
     [out] = llm.generate({"prompt": ONE, "multi_modal_data": {"image": image}}, _params(), use_tqdm=False)
     _, _, bidirectional = _hf_generate(hf, ONE, [image], MAX_TOKENS)
     _, _, causal = _hf_generate(hf, ONE, [image], MAX_TOKENS, causal_images=True)
-    assert _max_diff(out, bidirectional) < TOL
-    assert _max_diff(out, causal) > 100 * TOL
+    assert max_logprob_diff(out, bidirectional) < TOL
+    assert max_logprob_diff(out, causal) > 100 * TOL
 
 
 def test_prefix_cache_reuses_the_same_image_never_another(llm, hf):

@@ -13,6 +13,7 @@ import pytest
 
 from jaxlm import LLM, SamplingParams
 from tests.helpers.tiny_llava import TOKENS_PER_IMAGE, make_tiny_llava, random_image
+from tests.helpers.vision_checks import check_against_hf, greedy_params, hf_greedy
 
 TOL = 1e-4
 MAX_TOKENS = 6
@@ -53,31 +54,16 @@ def hf(path):
 
 
 def _hf_generate(hf, prompt, images, max_tokens):
-    """transformers' greedy tokens and the log-softmax of each step's logits."""
-    import torch
-
     model, processor = hf
-    x = processor(text=prompt, images=images, return_tensors="pt")
-    with torch.no_grad():
-        out = model.generate(**x, max_new_tokens=max_tokens, do_sample=False, output_logits=True,
-                             return_dict_in_generate=True, pad_token_id=0, eos_token_id=None)
-    tokens = out.sequences[0, x["input_ids"].shape[1]:].tolist()
-    logprobs = [torch.log_softmax(step[0].float(), -1).numpy() for step in out.logits]
-    return x["input_ids"][0].tolist(), tokens, logprobs
+    return hf_greedy(model, processor(text=prompt, images=images, return_tensors="pt"), max_tokens)
 
 
 def _params(max_tokens=MAX_TOKENS):
-    return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, logprobs=5)
+    return greedy_params(max_tokens)
 
 
 def _check_against_hf(out, hf, prompt, images):
-    ids, tokens, ref_logprobs = _hf_generate(hf, prompt, images, len(out.outputs[0].token_ids))
-    assert out.prompt_token_ids == ids  # the checkpoint's processor expanded the placeholders
-    assert list(out.outputs[0].token_ids) == tokens
-    for step, ref in zip(out.outputs[0].logprobs, ref_logprobs):
-        for token_id, lp in step.items():
-            assert abs(lp.logprob - ref[token_id]) < TOL, (token_id, lp.logprob, ref[token_id])
-    return tokens
+    return check_against_hf(out, _hf_generate(hf, prompt, images, len(out.outputs[0].token_ids)), TOL)
 
 
 def test_one_image_each_matches_transformers_and_the_image_matters(llm, hf):

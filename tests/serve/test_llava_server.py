@@ -8,14 +8,12 @@ bomb) is a 400 in OpenAI's error shape and the server keeps serving."""
 from __future__ import annotations
 
 import base64
-import http.server
-import io
 import os
 import socket
-import threading
 
 import pytest
 
+from tests.helpers.http_files import png_bytes, serve_files
 from tests.helpers.tiny_llava import make_tiny_llava, random_image
 from tests.serve.conftest import metric, serve_engine
 
@@ -51,49 +49,22 @@ def server(path, media):
     srv.stop()
 
 
-def _png(image) -> bytes:
-    buf = io.BytesIO()
-    image.save(buf, format="PNG")
-    return buf.getvalue()
-
-
 @pytest.fixture(scope="module")
 def web():
     """A local http.server: /cat.png (image 3), /text (a non-image body), anything else 404; and a
     socket that accepts connections (the kernel's backlog) and never answers."""
-    bodies = {"/cat.png": (_png(random_image(3)), "image/png"), "/text": (b"<html>not an image</html>", "text/html")}
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - http.server's name
-            body, kind = bodies.get(self.path, (None, None))
-            if body is None:
-                self.send_error(404)
-                return
-            self.send_response(200)
-            self.send_header("Content-Type", kind)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
-    thread.start()
+    bodies = {"/cat.png": (png_bytes(random_image(3)), "image/png"),
+              "/text": (b"<html>not an image</html>", "text/html")}
     hang = socket.socket()
     hang.bind(("127.0.0.1", 0))
     hang.listen(8)
-    yield f"http://127.0.0.1:{httpd.server_port}", f"http://127.0.0.1:{hang.getsockname()[1]}/cat.png"
-    httpd.shutdown()
-    httpd.server_close()
+    with serve_files(bodies) as base:
+        yield base, f"http://127.0.0.1:{hang.getsockname()[1]}/cat.png"
     hang.close()
 
 
 def _url(image) -> str:
-    buf = io.BytesIO()
-    image.save(buf, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    return "data:image/png;base64," + base64.b64encode(png_bytes(image)).decode()
 
 
 def _messages(*urls: str) -> list[dict]:
