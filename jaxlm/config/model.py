@@ -44,6 +44,10 @@ class ModelConfig:
     limit_mm_per_prompt: dict[str, Any] | None = arg(
         None, "JSON object: the most items of each modality one prompt may carry, e.g. '{\"image\": 2}' "
               "(default 4 images; every count up to it has a compiled encoder program)", parse=parse_json_object)
+    mm_processor_kwargs: dict[str, Any] | None = arg(
+        None, "JSON object: options for the model's image processor, on top of its preprocessor_config.json, "
+              "e.g. '{\"max_pixels\": 401408}' (Qwen2.5-VL's largest image; also sizes its encoder buckets)",
+        parse=parse_json_object)
     allowed_local_media_path: str | None = arg(
         None, "directory whose files chat image_url parts may name as file:///abs/path URLs (their real "
               "path, symlinks and .. resolved, must lie inside it); without it file: URLs are refused")

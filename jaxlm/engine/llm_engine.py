@@ -54,7 +54,7 @@ def _mm_processor(mc: Any) -> Any:
     from jaxlm.multimodal.processing import MultiModalProcessor
 
     return MultiModalProcessor(mc.model, mc.hf_config, mc.limit_mm_per_prompt,
-                               mc.allowed_local_media_path)
+                               mc.allowed_local_media_path, mc.mm_processor_kwargs)
 
 
 class LLMEngine:

@@ -43,21 +43,33 @@ class ImageTokenProcessor:
         return out
 
 
-def load_processor(model_path: str) -> Any:
+def load_processor(model_path: str, mm_processor_kwargs: dict[str, Any] | None = None) -> Any:
     """``AutoProcessor`` for the checkpoint, or ImageTokenProcessor when transformers cannot
-    build it for want of torchvision (its video processor)."""
-    from transformers import AutoProcessor
+    build it for want of torchvision (its video processor). mm_processor_kwargs: options of the
+    image processor, each one it takes (else ValueError naming it), on top of its saved config."""
+    from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
 
+    kwargs = dict(mm_processor_kwargs or {})
     try:
-        return AutoProcessor.from_pretrained(model_path)
+        processor = AutoProcessor.from_pretrained(model_path)
     except ImportError as e:
         if "torchvision" not in str(e).lower():
             raise
-        from transformers import AutoImageProcessor, AutoTokenizer
-
         logger.info("the checkpoint's processor needs torchvision (videos): using its image processor and "
                     "tokenizer for images")
-        image_processor = AutoImageProcessor.from_pretrained(model_path)
         tokenizer = AutoTokenizer.from_pretrained(model_path)
-        return ImageTokenProcessor(image_processor, tokenizer, getattr(tokenizer, "image_token", None)
-                                   or "<|image_pad|>")
+        processor = ImageTokenProcessor(AutoImageProcessor.from_pretrained(model_path), tokenizer,
+                                        getattr(tokenizer, "image_token", None) or "<|image_pad|>")
+    if kwargs:
+        _check_image_kwargs(processor.image_processor, kwargs)
+        processor.image_processor = AutoImageProcessor.from_pretrained(model_path, **kwargs)
+    return processor
+
+
+def _check_image_kwargs(image_processor: Any, kwargs: dict[str, Any]) -> None:
+    # transformers ignores options an image processor does not take: refuse them instead.
+    valid = getattr(getattr(image_processor, "valid_kwargs", None), "__annotations__", None) or {}
+    unknown = sorted(k for k in kwargs if k not in valid and not hasattr(image_processor, k))
+    if unknown:
+        raise ValueError(f"mm_processor_kwargs: {type(image_processor).__name__} takes no option "
+                         f"{', '.join(map(repr, unknown))}; it takes: {', '.join(sorted(valid)) or 'none'}")

@@ -43,11 +43,13 @@ def image_limit(limit_mm_per_prompt: dict[str, int] | None) -> int:
 
 class MultiModalProcessor:
     """``hf_config``: the resolved config (text config carrying image_token_index, registry.py);
-    ``allowed_local_media_path``: the directory chat file: image URLs may read (None: refused)."""
+    ``allowed_local_media_path``: the directory chat file: image URLs may read (None: refused);
+    ``mm_processor_kwargs``: image processor options (hf_processor.load_processor)."""
 
     def __init__(self, model_path: str, hf_config: Any, limit_mm_per_prompt: dict[str, int] | None = None,
-                 allowed_local_media_path: str | None = None):
+                 allowed_local_media_path: str | None = None, mm_processor_kwargs: dict[str, Any] | None = None):
         self.model_path = model_path
+        self.mm_processor_kwargs = mm_processor_kwargs
         self.allowed_local_media_path = allowed_local_media_path
         token = getattr(hf_config, "image_token_index", None)
         self.image_token_index = int(token if token is not None else hf_config.image_token_id)
@@ -56,13 +58,15 @@ class MultiModalProcessor:
                               getattr(hf_config, "vision_end_token_id", None))
         self.max_images = image_limit(limit_mm_per_prompt)
         self._processor: Any = None
+        if mm_processor_kwargs:  # a wrong option fails the engine's start, not its first image
+            _ = self.processor
 
     @property
     def processor(self) -> Any:
         if self._processor is None:  # transformers' processors import torch: on first use
             from jaxlm.multimodal.hf_processor import load_processor
 
-            self._processor = load_processor(self.model_path)
+            self._processor = load_processor(self.model_path, self.mm_processor_kwargs)
         return self._processor
 
     @property

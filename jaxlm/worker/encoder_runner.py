@@ -166,5 +166,6 @@ def make_encoder_runner(model: nnx.Module, graphdef: Any, treedef: Any, model_co
         return EncoderRunner(model, graphdef, treedef, max_images, replicated)
     from jaxlm.worker.patch_encoder_runner import PatchEncoderRunner, max_image_patches
 
-    per_image = max_image_patches(model_config.model, model.vision_args.patch_size)
+    per_image = max_image_patches(model_config.model, model.vision_args.patch_size,
+                                  model_config.mm_processor_kwargs)
     return PatchEncoderRunner(model, graphdef, treedef, max_images, replicated, per_image)

@@ -34,22 +34,32 @@ _MIN_BUCKET = 64
 _LARGE_BUCKET = 16384
 
 
-def max_image_patches(model_path: str, patch_size: int) -> int:
+def max_image_patches(model_path: str, patch_size: int, mm_processor_kwargs: dict[str, Any] | None = None) -> int:
     """Patches of the largest image the checkpoint's image processor makes (its ``max_pixels``,
-    or ``size.longest_edge`` as transformers 5.x saves it), from preprocessor_config.json."""
+    or ``size.longest_edge`` as transformers 5.x saves it), from --mm-processor-kwargs, else from
+    preprocessor_config.json."""
     from jaxlm.model_loader.hf_cache import resolve_model_path
 
+    max_pixels = _max_pixels(mm_processor_kwargs or {})
     path = os.path.join(resolve_model_path(model_path), "preprocessor_config.json")
-    try:
-        with open(path) as f:
-            cfg = json.load(f)
-    except OSError as e:
-        raise ValueError(f"a dynamic-resolution model needs its image processor's preprocessor_config.json: {e}") \
-            from None
-    max_pixels = cfg.get("max_pixels") or (cfg.get("size") or {}).get("longest_edge")
-    if not max_pixels:
-        raise ValueError(f"{path} names no max_pixels (or size.longest_edge): the encoder's largest bucket")
-    return int(max_pixels) // patch_size ** 2
+    if max_pixels is None:
+        try:
+            with open(path) as f:
+                max_pixels = _max_pixels(json.load(f))
+        except OSError as e:
+            raise ValueError(f"a dynamic-resolution model needs its image processor's preprocessor_config.json: "
+                             f"{e}") from None
+    if not isinstance(max_pixels, int) or isinstance(max_pixels, bool) or max_pixels < patch_size ** 2:
+        raise ValueError(f"max_pixels (--mm-processor-kwargs, else {path}) must be an integer of at least one "
+                         f"patch ({patch_size ** 2} pixels), got {max_pixels!r}: it sizes the encoder's buckets")
+    return max_pixels // patch_size ** 2
+
+
+def _max_pixels(cfg: dict[str, Any]) -> Any:
+    if cfg.get("max_pixels") is not None:
+        return cfg["max_pixels"]
+    size = cfg.get("size")
+    return size.get("longest_edge") if isinstance(size, dict) else None
 
 
 def patch_buckets(max_patches: int, merge_unit: int) -> list[int]:
@@ -75,8 +85,8 @@ class PatchEncoderRunner(EncoderRunner):
         logger.info("vision encoder buckets (patches): %s", self.buckets)
         if self.buckets and self.buckets[-1] > _LARGE_BUCKET:
             logger.warning("the vision encoder's largest bucket is %d patches (%d image(s) of up to max_pixels): "
-                           "its full-attention layers are dense, [P, P] per head; lower max_pixels in preprocessor_config.json "
-                           "or --limit-mm-per-prompt", self.buckets[-1], max_images)
+                           "its full-attention layers are dense, [P, P] per head; lower max_pixels "
+                           "(--mm-processor-kwargs) or --limit-mm-per-prompt", self.buckets[-1], max_images)
 
     def _check_feature(self, req_id: str, f: Any) -> None:
         t, h, w = f.grid_thw or (0, 0, 0)

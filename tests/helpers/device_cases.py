@@ -12,11 +12,12 @@ from pathlib import Path
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def run_cases(module: str, work: Path, timeout: int = 600) -> dict:
-    """``python -m MODULE OUT.json WORK`` from the repository root; its results."""
+def run_cases(module: str, work: Path, timeout: int = 840) -> dict:
+    """``python -m MODULE OUT.json WORK`` from the repository root; its results. The suite's
+    XLA_FLAGS (tests/conftest.py) go along, but for a device count: the module sets its own."""
     out = work / "results.json"
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    env.pop("XLA_FLAGS", None)
+    env["XLA_FLAGS"] = " ".join(f for f in env.get("XLA_FLAGS", "").split() if "device_count" not in f)
     proc = subprocess.run([sys.executable, "-m", module, str(out), str(work)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-4000:]

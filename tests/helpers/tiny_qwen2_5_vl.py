@@ -64,14 +64,15 @@ def make_tiny_qwen2_5_vl(path: str | os.PathLike, *, seed: int = 0) -> str:
     return path
 
 
-def hf_inputs(path: str, prompt: str, images: list):
+def hf_inputs(path: str, prompt: str, images: list, **image_kwargs):
     """transformers' model inputs (torch) for a prompt and its images: the image processor's
     pixel_values and image_grid_thw, each image token expanded to grid.prod() / merge**2 of them
-    (Qwen2_5_VLProcessor's rule, written out here), and mm_token_type_ids."""
+    (Qwen2_5_VLProcessor's rule, written out here), and mm_token_type_ids. image_kwargs: the
+    image processor's options (what --mm-processor-kwargs sets)."""
     import torch
     from transformers import AutoImageProcessor, AutoTokenizer
 
-    tok, image_processor = AutoTokenizer.from_pretrained(path), AutoImageProcessor.from_pretrained(path)
+    tok, image_processor = AutoTokenizer.from_pretrained(path), AutoImageProcessor.from_pretrained(path, **image_kwargs)
     x = image_processor(images=images, return_tensors="pt") if images else {}
     text = prompt
     for grid in (x["image_grid_thw"] if images else []):

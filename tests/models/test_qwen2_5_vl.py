@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import pytest
 
-from jaxlm import LLM, SamplingParams
+from jaxlm import LLM
 from tests.helpers.tiny_llava import random_image
 from tests.helpers.tiny_qwen2_5_vl import hf_inputs, make_tiny_qwen2_5_vl
+from tests.helpers.vision_checks import check_against_hf, greedy_params, hf_greedy
 
 TOL = 1e-4
 MAX_TOKENS = 6
@@ -50,31 +51,16 @@ def hf(path):
 
 
 def _hf_generate(hf, prompt, images, max_tokens):
-    """transformers' prompt ids, greedy tokens and the log-softmax of each step's logits."""
-    import torch
-
     model, path = hf
-    x = hf_inputs(path, prompt, images)
-    with torch.no_grad():
-        out = model.generate(**x, max_new_tokens=max_tokens, do_sample=False, output_logits=True,
-                             return_dict_in_generate=True, pad_token_id=0, eos_token_id=None)
-    tokens = out.sequences[0, x["input_ids"].shape[1]:].tolist()
-    logprobs = [torch.log_softmax(step[0].float(), -1).numpy() for step in out.logits]
-    return x["input_ids"][0].tolist(), tokens, logprobs
+    return hf_greedy(model, hf_inputs(path, prompt, images), max_tokens)
 
 
 def _params(max_tokens=MAX_TOKENS):
-    return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, logprobs=5)
+    return greedy_params(max_tokens)
 
 
 def _check_against_hf(out, hf, prompt, images):
-    ids, tokens, ref_logprobs = _hf_generate(hf, prompt, images, len(out.outputs[0].token_ids))
-    assert out.prompt_token_ids == ids  # the image token expanded to grid.prod() / 4 of them
-    assert list(out.outputs[0].token_ids) == tokens
-    diff = max(abs(lp.logprob - ref[t]) for step, ref in zip(out.outputs[0].logprobs, ref_logprobs)
-               for t, lp in step.items())
-    assert diff < TOL
-    return tokens
+    return check_against_hf(out, _hf_generate(hf, prompt, images, len(out.outputs[0].token_ids)), TOL)
 
 
 def _image_tokens(llm, out) -> list[int]:
@@ -165,6 +151,16 @@ def test_bad_input_fails_alone(llm):
     three = [random_image(i, size=SMALL) for i in range(3)]
     with pytest.raises(ValueError, match=r"At most 2 image\(s\)"):
         llm.generate({"prompt": IMAGE * 3, "multi_modal_data": {"image": three}}, _params(), use_tqdm=False)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"max_pixel": 384}, r"mm_processor_kwargs: Qwen2VLImageProcessor\w* takes no option 'max_pixel'; it takes: .*max_pixels"),
+    ({"max_pixels": 8}, r"max_pixels .* must be an integer of at least one patch \(16 pixels\), got 8"),
+])
+def test_processor_options_that_cannot_work_fail_the_start(path, kwargs, message):
+    # --mm-processor-kwargs' effect on images: tests/serve/test_qwen2_5_vl_server.py
+    with pytest.raises(ValueError, match=message):
+        LLM(model=path, mm_processor_kwargs=kwargs, **ENGINE)
 
 
 def test_engine_goes_on_with_no_leak_and_no_compile(llm, hf):

@@ -63,6 +63,7 @@ FLAG_TESTS = {
     "--override-generation-config": "tests/serve/test_compat.py::test_default_sampling_comes_from_the_generation_config",
     "--max-logprobs": "tests/serve/test_hostile.py::test_hostile_cases_get_clean_4xx_and_leave_the_server_healthy",
     "--limit-mm-per-prompt": "tests/models/test_llava.py::test_limits_and_placeholder_count_are_checked",
+    "--mm-processor-kwargs": "tests/serve/test_qwen2_5_vl_server.py::test_data_and_http_url_images_match_transformers",
     "--allowed-local-media-path": "tests/serve/test_llava_server.py::test_http_and_file_urls_give_the_data_url_text",
     "--chat-template": "tests/serve/test_inproc_server.py::test_chat_template_flag_renders_chat_tokenize_tools_and_reasoning",
     "--enforce-eager": "tests/engine/test_arg_utils.py::test_enforce_eager_refused_clearly",
