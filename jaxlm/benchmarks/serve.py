@@ -95,6 +95,24 @@ def _chunk_text(data: dict[str, Any]) -> str:
     return choices[0].get("text") or (choices[0].get("delta") or {}).get("content") or ""
 
 
+async def sse_lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
+    """The stream's lines, ended by CR, LF or CRLF only (the SSE rule).
+
+    httpx's aiter_lines also splits at U+0085, U+2028, U+2029 (str.splitlines), which JSON
+    leaves unescaped inside a generated text: the event would reach json.loads in pieces and
+    the request count as failed.
+    """
+    buf = b""
+    async for chunk in chunks:
+        # A lone CR ends a line too; a CRLF split across chunks only adds an empty line.
+        buf += chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            yield line.decode("utf-8", errors="replace")
+    if buf:
+        yield buf.decode("utf-8", errors="replace")
+
+
 async def send_request(client: Any, url: str, body: dict[str, Any], prompt_len: int, t0: float) -> RequestOutcome:
     """One streamed request; chunk arrival times give TTFT and the inter-token gaps."""
     import httpx
@@ -108,7 +126,7 @@ async def send_request(client: Any, url: str, body: dict[str, Any], prompt_len: 
             if r.status_code != 200:
                 out.error = f"HTTP {r.status_code}: {(await r.aread())[:300].decode(errors='replace')}"
                 return out
-            async for line in r.aiter_lines():
+            async for line in sse_lines(r.aiter_bytes()):
                 if not line.startswith("data:"):
                     continue
                 payload = line[5:].strip()

@@ -126,3 +126,32 @@ def test_latency_writes_vllm_keys(model, tmp_path):
     assert set(res) == VLLM_LATENCY_KEYS and len(res["latencies"]) == 3
     assert set(res["percentiles"]) == {"10", "25", "50", "75", "90", "99"}
     assert min(res["latencies"]) <= res["percentiles"]["50"] <= max(res["latencies"])
+
+
+def test_serve_splits_the_stream_at_sse_line_ends_only():
+    """A generated text with U+2028 / U+0085 (JSON leaves them unescaped) stays one event: a
+    splitter at every str.splitlines boundary (httpx's aiter_lines) failed such a request."""
+    import asyncio
+
+    import httpx
+
+    from jaxlm.benchmarks.serve import send_request
+
+    texts = ["a\u2028b", "c\x85d", "e"]
+    events = [json.dumps({"choices": [{"index": 0, "text": t}]}, ensure_ascii=False) for t in texts]
+    events.append(json.dumps({"choices": [], "usage": {"completion_tokens": 3}}))
+    body = "".join(f"data: {e}\r\n\r\n" for e in events).encode() + b"data: [DONE]\n\n"
+
+    class Chunked(httpx.AsyncByteStream):  # 7-byte pieces: lines and characters cut across chunks
+        async def __aiter__(self):
+            for i in range(0, len(body), 7):
+                yield body[i:i + 7]
+
+    async def run():
+        transport = httpx.MockTransport(lambda request: httpx.Response(200, stream=Chunked()))
+        async with httpx.AsyncClient(transport=transport, base_url="http://bench.test") as client:
+            return await send_request(client, "/v1/completions", {"prompt": "x"}, 1, 0.0)
+
+    out = asyncio.run(run())
+    assert out.success and not out.error, out.error
+    assert out.generated_text == "".join(texts) and out.output_tokens == 3 and len(out.itl) == 2
