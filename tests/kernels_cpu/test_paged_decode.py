@@ -76,3 +76,27 @@ def test_fp8_conversion_is_exact_for_every_byte(cpu_kernels, dtype):
                            jnp.zeros((n, 1, 1, d), jnp.float32), window=1)
     want = np.asarray(cache[1, 0, :, 0, :].astype(jnp.float32))
     np.testing.assert_array_equal(np.asarray(out)[:, 0, 0, :], want)  # NaN == NaN here
+
+
+@pytest.mark.parametrize("dtype", [jnp.float8_e4m3fn, jnp.float8_e5m2])
+@pytest.mark.parametrize("hq,hkv,d", [(6, 2, 64), (5, 1, 16), (6, 2, 24)])
+def test_fp8_nan_in_read_rows_and_any_head_dim_match_reference(cpu_kernels, dtype, hq, hkv, d):
+    """The fp8 rows the kernel reads may hold NaN (e4m3fn's S.1111.111 has no half-precision
+    twin, so the fast path must notice it): a token that reads one gets NaN for the heads of that
+    KV head, as the reference does, and every other value still matches. d=24 takes the generic
+    path (head_dim without a specialised kernel); G=5 splits the V sums into groups."""
+    rng = np.random.default_rng(d + hq)
+    T, bs = 12, 16
+    q, cache, positions, rows, tables = _case(rng, T=T, hq=hq, hkv=hkv, d=d, bs=bs, nb=64, pages=6, dtype=jnp.float32)
+    cache = np.array(cache)
+    # A NaN in K of token 3's last key (KV head 0) and in V of token 4's first key (last KV head).
+    for t, which, key, h in [(3, 0, int(positions[3]), 0), (4, 1, 0, hkv - 1)]:
+        cache[which, int(tables[rows[t], key // bs]), key % bs, h, d // 3] = np.nan
+    cache = jnp.asarray(cache, dtype)
+    scale = d ** -0.5
+    qf = q.reshape(T, hkv, hq // hkv, d) * scale
+    out = paged_decode_cpu(qf, cache, positions, rows, tables, jnp.int32(T), jnp.zeros_like(qf))
+    out = np.asarray(out).reshape(T, hq, d)
+    ref = np.asarray(paged_decode_reference(q, cache, tables, rows, positions + 1, scale=scale))
+    assert np.isnan(out[3]).any() and np.isnan(out[4]).any() and np.isfinite(out[:3]).all()
+    np.testing.assert_allclose(out, ref, atol=2e-5, rtol=1e-5)  # NaN where the reference has NaN
