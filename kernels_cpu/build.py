@@ -24,6 +24,8 @@ logger = logging.getLogger(__name__)
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _SOURCES = tuple(os.path.join(_HERE, name) for name in ("paged_decode.cc", "gguf_matmul.cc"))
+# Included by the sources: hashed with them, so a change rebuilds.
+_HEADERS = tuple(os.path.join(_HERE, name) for name in ("paged_decode_fp8_avx2.h",))
 # (XLA custom-call target, symbol the sources export)
 TARGETS = (("jaxlm_paged_decode", "JaxlmPagedDecode"), ("jaxlm_gguf_matmul", "JaxlmGgufMatmul"))
 # -ffast-math for the compile only (vectorized expf, reassociated sums): linked with it, GCC adds
@@ -54,7 +56,7 @@ def _cpu_id() -> str:
 
 def _library_path(build_dir: str, cxx: str) -> str:
     h = hashlib.sha256()
-    for source in _SOURCES:
+    for source in _SOURCES + _HEADERS:
         with open(source, "rb") as f:
             h.update(f.read())
     h.update(repr((cxx, _COMPILE, _LINK, jax.ffi.include_dir(), jax.__version__, platform.machine(), _cpu_id())).encode())

@@ -242,11 +242,19 @@ void attend_head_fp8(const Args& a, int64_t t, int64_t h, std::vector<float>& sc
   }
 }
 
+#include "paged_decode_fp8_avx2.h"  // attend_head_fp8_fast
+
 // Token t's attention over its row's pages for the G query heads of KV head h.
 // kD: head_dim when known at compile time (straight-line dot products), 0 for any.
 template <typename KV, int kD>
 void attend_head(const Args& a, int64_t t, int64_t h, std::vector<float>& scratch) {
   if constexpr (kIsFp8<KV>) {
+#if defined(__F16C__) && defined(__AVX2__)
+    if constexpr (kD > 0 && kD % 16 == 0) {
+      attend_head_fp8_fast<KV, kD>(a, t, h, scratch);
+      return;
+    }
+#endif
     attend_head_fp8<KV, kD>(a, t, h, scratch);
     return;
   }
