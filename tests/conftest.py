@@ -44,6 +44,11 @@ SLOWEST_FIRST = [
     "tests/models/quantization/test_quantized_engine.py",
     "tests/lora/test_lora_tp.py",
     "tests/models/test_moe_engine.py",
+    "tests/models/test_qwen2_5_vl.py",
+    "tests/models/test_llava.py",
+    "tests/models/test_gemma3_vision.py",
+    "tests/serve/test_llava_server.py",
+    "tests/serve/test_qwen2_5_vl_server.py",
 ]
 
 
