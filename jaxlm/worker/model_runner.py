@@ -64,7 +64,7 @@ from jaxlm.worker.buckets import (
 from jaxlm.worker.background_compile import BackgroundCompiles, ReadyBuckets
 from jaxlm.worker.compile_guard import CompileGuard
 from jaxlm.worker.compile_jobs import compile_jobs
-from jaxlm.worker.encoder_runner import make_encoder_runner
+from jaxlm.worker.encoder_factory import make_encoder_runner
 from jaxlm.worker.input_batch import InputBatch, StepInputs
 from jaxlm.worker.kv_cache_alloc import allocate_kv_caches, kv_sharding
 from jaxlm.worker.mrope_positions import MRopePositions
