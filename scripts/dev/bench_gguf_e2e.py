@@ -57,10 +57,32 @@ class _Jaxlm:
         return time.perf_counter() - t0
 
 
+def llama_cpp_without_amx() -> None:
+    """llama.cpp 0.3.36's AMX matmul (its extra buffer type, chosen where the CPU has AMX-INT8)
+    crashes with SIGSEGV on this file's first decode; without the extra buffer types (AMX and
+    weight repacking) it runs. Called before a Llama is made; says so when it applies."""
+    import llama_cpp
+    import llama_cpp.llama as ll
+
+    if b"AMX_INT8 = 1" not in llama_cpp.llama_print_system_info():
+        return
+    default = llama_cpp.llama_model_default_params
+
+    def params():
+        p = default()
+        p.use_extra_bufts = False
+        return p
+
+    ll.llama_cpp.llama_model_default_params = params
+    print("llama.cpp: AMX-INT8 CPU: extra buffer types off (its AMX matmul segfaults in 0.3.36)",
+          file=sys.stderr, flush=True)
+
+
 class _LlamaCpp:
     def __init__(self, model: str, threads: int) -> None:
         from llama_cpp import Llama
 
+        llama_cpp_without_amx()
         self.llm = Llama(model_path=model, n_ctx=1024, n_threads=threads, n_threads_batch=threads, n_batch=512,
                          verbose=False)
 
