@@ -1,11 +1,12 @@
 // Matrix products with GGUF block-quantized weights for XLA:CPU, called through XLA's FFI.
 //
-// out [M, N] f32 = x [M, K] f32 @ W^T, W [N, K] kept in llama.cpp's blocks of 32 (a row of W is
-// K / 32 blocks, the bytes ggml writes):
+// out [M, N] f32 = x [M, K] f32 @ W^T, W [N, K] kept in llama.cpp's blocks (a row of W is
+// K / 32 blocks, or K / 256 super-blocks for the K-quants, the bytes ggml writes):
 //   Q8_0 (type 8):  f16 d, int8 q[32]              w = d * q
 //   Q4_0 (type 2):  f16 d, uint8 qs[16]            w = d * (nibble - 8)
 //   Q4_1 (type 3):  f16 d, f16 m, uint8 qs[16]     w = d * nibble + m
-// (nibble j < 16 is qs[j] & 15, nibble j + 16 is qs[j] >> 4).
+// (nibble j < 16 is qs[j] & 15, nibble j + 16 is qs[j] >> 4), and Q4_K (12), Q5_K (13), Q6_K (14)
+// in super-blocks of 256 (gguf_kquants.h).
 // As llama.cpp does, each row of x is first quantized to int8 per block of 32 (d_x = max|x| / 127,
 // round to nearest even) so a block's product is one integer dot product: w.x = d_w d_x sum(q qx)
 // (+ m d_x sum(qx) for Q4_1, - 8 d_w d_x sum(qx) for Q4_0). The integer dots use AVX-VNNI /
@@ -13,10 +14,12 @@
 //
 // Two paths; the threads take tiles of kTileN weight rows in both.
 //  * A few rows (decode): the integer dots above. Inside a tile, rows of x go four at a time
-//    against each weight row, so a weight block is unpacked once for four rows of x and the four
-//    rows of quantized x stay in L1 across the tile. With one row of x this is a stream over W.
+//    against two weight rows, so a weight block is unpacked once for four rows of x and the four
+//    rows of quantized x stay in L1 across the tile; a lone row of x goes against four weight rows
+//    (independent accumulators, the next rows prefetched). With one row of x this is a stream over W.
 //  * Many rows (M >= f32_min_rows; prefill): each tile is dequantized once to f32 and reused
-//    across every row of x in a register-blocked f32 product (x as given, not rounded).
+//    across every row of x in a register-blocked f32 product (x as given, not rounded;
+//    gguf_matmul_f32.h).
 
 #include <algorithm>
 #include <atomic>
@@ -26,6 +29,7 @@
 #include <functional>
 #include <memory>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "xla/ffi/api/ffi.h"
@@ -39,7 +43,7 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-constexpr int kQK = 32;  // values per block, every type here
+constexpr int kQK = 32;  // values per block of Q8_0 / Q4_0 / Q4_1, and of x's int8 rounding
 constexpr int64_t kTileN = 16;
 constexpr int kRowsM = 4;  // rows of x per pass over a weight row
 
@@ -141,6 +145,8 @@ inline __m256i nibbles(const uint8_t* qs) {
   return _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
 }
 #endif
+
+#include "gguf_kquants.h"
 
 template <int T>
 constexpr int64_t block_bytes_of() {
@@ -265,100 +271,26 @@ void rows_against_tile(const uint8_t* w, int64_t row_bytes, int64_t nb, const Qu
 template <int T>
 void matmul_tile(const uint8_t* w, int64_t row_bytes, const QuantizedX& qx, int64_t M, int64_t K, int64_t N,
                  int64_t n0, int64_t n1, float* out) {
-  const int64_t nb = K / kQK;
   int64_t m = 0;
-  // Four rows of x against two weight rows at a time: 8 chains; fewer rows of x take four weight
-  // rows each.
-  for (; m + kRowsM <= M; m += kRowsM) {
-    int64_t n = n0;
-    for (; n + 2 <= n1; n += 2) dot_rows<T, kRowsM, 2>(w, row_bytes, nb, qx, m, K, out, N, n);
-    for (; n < n1; ++n) dot_rows<T, kRowsM, 1>(w, row_bytes, nb, qx, m, K, out, N, n);
-  }
-  for (; m < M; ++m) rows_against_tile<T, 1>(w, row_bytes, nb, qx, m, K, out, N, n0, n1);
-}
-
-// ---- Many rows (prefill): a tile of kTileN weight rows dequantized once to f32, laid out [K][16]
-// so its 16 output columns are two vectors, then rows of x (as given, not rounded) kRowsF at a
-// time against it with 2 * kRowsF accumulators in registers; the tile (16 * K floats) stays in
-// L1/L2 across all of x.
-constexpr int kRowsF = 6;
-
-template <int T>
-void dequantize_row(const uint8_t* wrow, int64_t nb, float* out) {
-  for (int64_t b = 0; b < nb; ++b) {
-    float* o = out + b * kQK;
-    if constexpr (T == kQ8_0) {
-      const auto* blk = reinterpret_cast<const BlockQ8_0*>(wrow) + b;
-      const float d = f16_to_f32(blk->d);
-      for (int j = 0; j < kQK; ++j) o[j] = d * float(blk->q[j]);
-    } else {
-      const uint8_t* qs;
-      float d, m;
-      if constexpr (T == kQ4_0) {
-        const auto* blk = reinterpret_cast<const BlockQ4_0*>(wrow) + b;
-        qs = blk->qs, d = f16_to_f32(blk->d), m = -8.0f * d;
-      } else {
-        const auto* blk = reinterpret_cast<const BlockQ4_1*>(wrow) + b;
-        qs = blk->qs, d = f16_to_f32(blk->d), m = f16_to_f32(blk->m);
-      }
-      for (int j = 0; j < kQK / 2; ++j) {
-        o[j] = d * float(qs[j] & 15) + m;
-        o[j + kQK / 2] = d * float(qs[j] >> 4) + m;
-      }
+  if constexpr (is_kquant(T)) {
+    for (; m + kRowsM <= M; m += kRowsM)
+      for (int64_t n = n0; n < n1; ++n) dot_row_k<T, kRowsM>(w + n * row_bytes, K / kQK_K, qx, m, K, out, N, n);
+    for (; m < M; ++m)
+      for (int64_t n = n0; n < n1; ++n) dot_row_k<T, 1>(w + n * row_bytes, K / kQK_K, qx, m, K, out, N, n);
+  } else {
+    const int64_t nb = K / kQK;
+    // Four rows of x against two weight rows at a time: 8 chains; fewer rows of x take four weight
+    // rows each.
+    for (; m + kRowsM <= M; m += kRowsM) {
+      int64_t n = n0;
+      for (; n + 2 <= n1; n += 2) dot_rows<T, kRowsM, 2>(w, row_bytes, nb, qx, m, K, out, N, n);
+      for (; n < n1; ++n) dot_rows<T, kRowsM, 1>(w, row_bytes, nb, qx, m, K, out, N, n);
     }
+    for (; m < M; ++m) rows_against_tile<T, 1>(w, row_bytes, nb, qx, m, K, out, N, n0, n1);
   }
 }
 
-// out[m0 .. m0 + R, n0 .. n0 + nt] from tile [K][16].
-template <int R>
-void tile_rows_f32(const float* x, int64_t K, const float* tile, float* out, int64_t N, int64_t m0, int64_t n0,
-                   int64_t nt) {
-  const float* xr = x + m0 * K;
-#if defined(JAXLM_AVX2)
-  __m256 acc[R][2];
-  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-  for (int64_t k = 0; k < K; ++k) {
-    const __m256 w0 = _mm256_loadu_ps(tile + k * 16), w1 = _mm256_loadu_ps(tile + k * 16 + 8);
-    for (int r = 0; r < R; ++r) {
-      const __m256 xb = _mm256_broadcast_ss(xr + r * K + k);
-      acc[r][0] = _mm256_fmadd_ps(xb, w0, acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(xb, w1, acc[r][1]);
-    }
-  }
-  alignas(32) float res[16];
-  for (int r = 0; r < R; ++r) {
-    _mm256_store_ps(res, acc[r][0]);
-    _mm256_store_ps(res + 8, acc[r][1]);
-    std::copy(res, res + nt, out + (m0 + r) * N + n0);
-  }
-#else
-  float acc[R][16] = {};
-  for (int64_t k = 0; k < K; ++k)
-    for (int r = 0; r < R; ++r) {
-      const float xv = xr[r * K + k];
-      for (int j = 0; j < 16; ++j) acc[r][j] += xv * tile[k * 16 + j];
-    }
-  for (int r = 0; r < R; ++r) std::copy(acc[r], acc[r] + nt, out + (m0 + r) * N + n0);
-#endif
-}
-
-template <int T>
-void matmul_tile_f32(const uint8_t* w, int64_t row_bytes, const float* x, int64_t M, int64_t K, int64_t N,
-                     int64_t n0, int64_t n1, float* out) {
-  const int64_t nb = K / kQK;
-  std::vector<float> row(K), tile(K * 16);
-  for (int64_t t0 = n0; t0 < n1; t0 += 16) {
-    const int64_t nt = std::min<int64_t>(16, n1 - t0);
-    std::fill(tile.begin(), tile.end(), 0.0f);
-    for (int64_t j = 0; j < nt; ++j) {
-      dequantize_row<T>(w + (t0 + j) * row_bytes, nb, row.data());
-      for (int64_t k = 0; k < K; ++k) tile[k * 16 + j] = row[k];
-    }
-    int64_t m = 0;
-    for (; m + kRowsF <= M; m += kRowsF) tile_rows_f32<kRowsF>(x, K, tile.data(), out, N, m, t0, nt);
-    for (; m < M; ++m) tile_rows_f32<1>(x, K, tile.data(), out, N, m, t0, nt);
-  }
-}
+#include "gguf_matmul_f32.h"
 
 // Items [0, items) split over the caller and XLA's intra-op threads in chunks taken from a shared
 // counter (a pool thread that wakes late finds less, or nothing, to do instead of being waited
@@ -394,29 +326,53 @@ void parallel_for(ffi::ThreadPool& pool, int64_t items, int64_t work, std::funct
   while (sp->done.load(std::memory_order_acquire) < items) std::this_thread::yield();
 }
 
-int64_t block_bytes(int32_t qtype) {
+// Calls f(std::integral_constant<int, T>{}) for kernel type qtype; false for any other type.
+template <typename F>
+bool with_type(int32_t qtype, F&& f) {
   switch (qtype) {
     case kQ8_0:
-      return sizeof(BlockQ8_0);
+      return f(std::integral_constant<int, kQ8_0>{}), true;
     case kQ4_0:
-      return sizeof(BlockQ4_0);
+      return f(std::integral_constant<int, kQ4_0>{}), true;
     case kQ4_1:
-      return sizeof(BlockQ4_1);
+      return f(std::integral_constant<int, kQ4_1>{}), true;
+    case kQ4_K:
+      return f(std::integral_constant<int, kQ4_K>{}), true;
+    case kQ5_K:
+      return f(std::integral_constant<int, kQ5_K>{}), true;
+    case kQ6_K:
+      return f(std::integral_constant<int, kQ6_K>{}), true;
     default:
-      return 0;
+      return false;
   }
+}
+
+template <int T>
+constexpr int64_t block_bytes() {
+  if constexpr (T == kQ8_0) return sizeof(BlockQ8_0);
+  if constexpr (T == kQ4_0) return sizeof(BlockQ4_0);
+  if constexpr (T == kQ4_1) return sizeof(BlockQ4_1);
+  if constexpr (is_kquant(T)) return sizeof(typename KBlock<T>::type);
+  return 0;
 }
 
 ffi::Error GgufMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
                           ffi::Result<ffi::Buffer<ffi::F32>> out, int32_t qtype, int32_t f32_min_rows) {
   auto xd = x.dimensions(), wd = w.dimensions(), od = out->dimensions();
-  const int64_t bb = block_bytes(qtype);
-  if (bb == 0) return ffi::Error::InvalidArgument("gguf_matmul: GGUF type must be Q4_0 (2), Q4_1 (3) or Q8_0 (8)");
+  int64_t bb = 0, qk = 0;  // bytes and values per block
+  const bool known = with_type(qtype, [&](auto t) {
+    bb = block_bytes<decltype(t)::value>();
+    qk = is_kquant(decltype(t)::value) ? kQK_K : kQK;
+  });
+  if (!known)
+    return ffi::Error::InvalidArgument(
+        "gguf_matmul: GGUF type must be Q4_0 (2), Q4_1 (3), Q8_0 (8), Q4_K (12), Q5_K (13) or Q6_K (14)");
   if (xd.size() != 2 || wd.size() != 2 || od.size() != 2)
-    return ffi::Error::InvalidArgument("gguf_matmul: x [M, K], w [N, K / 32 * block bytes], out [M, N]");
+    return ffi::Error::InvalidArgument("gguf_matmul: x [M, K], w [N, K / block values * block bytes], out [M, N]");
   const int64_t M = xd[0], K = xd[1], N = wd[0];
-  if (K % kQK != 0 || wd[1] != K / kQK * bb || od[0] != M || od[1] != N)
-    return ffi::Error::InvalidArgument("gguf_matmul: shapes of x, w and out disagree (K must be whole blocks of 32)");
+  if (K % qk != 0 || wd[1] != K / qk * bb || od[0] != M || od[1] != N)
+    return ffi::Error::InvalidArgument(
+        "gguf_matmul: shapes of x, w and out disagree (K must be whole blocks: 32 values, 256 for K-quants)");
   float* o = out->typed_data();
   if (M == 0 || N == 0) return ffi::Error::Success();
   if (K == 0) {
@@ -427,21 +383,11 @@ ffi::Error GgufMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
   const uint8_t* wp = w.typed_data();
   const int64_t row_bytes = wd[1], tiles = (N + kTileN - 1) / kTileN;
   if (f32_min_rows > 0 && M >= f32_min_rows) {
-    auto run = [&](auto tile) {
-      parallel_for(pool, tiles, M * N * K, [&, tile](int64_t t0, int64_t t1) {
-        tile(wp, row_bytes, xp, M, K, N, t0 * kTileN, std::min(N, t1 * kTileN), o);
+    with_type(qtype, [&](auto t) {
+      parallel_for(pool, tiles, M * N * K, [&](int64_t t0, int64_t t1) {
+        matmul_tile_f32<decltype(t)::value>(wp, row_bytes, xp, M, K, N, t0 * kTileN, std::min(N, t1 * kTileN), o);
       });
-    };
-    switch (qtype) {
-      case kQ8_0:
-        run(matmul_tile_f32<kQ8_0>);
-        break;
-      case kQ4_0:
-        run(matmul_tile_f32<kQ4_0>);
-        break;
-      default:
-        run(matmul_tile_f32<kQ4_1>);
-    }
+    });
     return ffi::Error::Success();
   }
   QuantizedX qx;
@@ -449,21 +395,11 @@ ffi::Error GgufMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
   qx.d.resize(M * K / kQK);
   qx.ds.resize(M * K / kQK);
   parallel_for(pool, M, M * K * 8, [&](int64_t m0, int64_t m1) { quantize_rows(xp, K, m0, m1, qx); });
-  auto run = [&](auto tile) {
-    parallel_for(pool, tiles, M * N * K, [&, tile](int64_t t0, int64_t t1) {
-      tile(wp, row_bytes, qx, M, K, N, t0 * kTileN, std::min(N, t1 * kTileN), o);
+  with_type(qtype, [&](auto t) {
+    parallel_for(pool, tiles, M * N * K, [&](int64_t t0, int64_t t1) {
+      matmul_tile<decltype(t)::value>(wp, row_bytes, qx, M, K, N, t0 * kTileN, std::min(N, t1 * kTileN), o);
     });
-  };
-  switch (qtype) {
-    case kQ8_0:
-      run(matmul_tile<kQ8_0>);
-      break;
-    case kQ4_0:
-      run(matmul_tile<kQ4_0>);
-      break;
-    default:
-      run(matmul_tile<kQ4_1>);
-  }
+  });
   return ffi::Error::Success();
 }
 

@@ -2,12 +2,28 @@
 
 from __future__ import annotations
 
+import functools
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-# GGML type id -> (name, bytes per block of 32 values): the types the kernel multiplies in place.
-GGUF_KERNEL_TYPES = {2: ("Q4_0", 18), 3: ("Q4_1", 20), 8: ("Q8_0", 34)}
+
+class GGUFBlockType(NamedTuple):
+    """A GGML block type the kernel multiplies in place: its name, values and bytes per block."""
+
+    name: str
+    block_size: int
+    type_size: int
+
+
+# GGML type id -> its blocks (llama.cpp's layouts; gguf_matmul.cc and gguf_kquants.h).
+GGUF_KERNEL_TYPES = {
+    2: GGUFBlockType("Q4_0", 32, 18), 3: GGUFBlockType("Q4_1", 32, 20), 8: GGUFBlockType("Q8_0", 32, 34),
+    12: GGUFBlockType("Q4_K", 256, 144), 13: GGUFBlockType("Q5_K", 256, 176), 14: GGUFBlockType("Q6_K", 256, 210),
+}
+# Values per block of x's int8 rounding (and of the 32-value types): a K-quant super-block is 8 of them.
 QK = 32
 
 
@@ -18,31 +34,64 @@ F32_MIN_ROWS = 32
 
 def gguf_matmul_cpu(x: jax.Array, w: jax.Array, qtype: int, *, f32_min_rows: int = F32_MIN_ROWS) -> jax.Array:
     """x [..., K] (cast to f32) @ W^T -> [..., N] f32, W [N, K] given as its GGUF blocks ``w``
-    [N, K / 32 * block bytes] uint8 of type ``qtype`` (GGUF_KERNEL_TYPES). Fewer than
+    [N, K / block values * block bytes] uint8 of type ``qtype`` (GGUF_KERNEL_TYPES). Fewer than
     ``f32_min_rows`` rows of x are rounded to int8 per block of 32 inside (as llama.cpp does);
     more are multiplied as given (0: always rounded). Needs load_cpu_kernels()."""
     if qtype not in GGUF_KERNEL_TYPES:
         raise ValueError(f"gguf_matmul_cpu: GGUF type {qtype} has no kernel (kernel types: "
-                         f"{', '.join(n for n, _ in GGUF_KERNEL_TYPES.values())})")
+                         f"{', '.join(t.name for t in GGUF_KERNEL_TYPES.values())})")
     lead, k = x.shape[:-1], x.shape[-1]
     n = w.shape[0]
-    if k % QK or w.shape[1] != k // QK * GGUF_KERNEL_TYPES[qtype][1]:
-        raise ValueError(f"gguf_matmul_cpu: x [..., {k}] does not match {GGUF_KERNEL_TYPES[qtype][0]} "
-                         f"blocks of shape {tuple(w.shape)}")
+    bt = GGUF_KERNEL_TYPES[qtype]
+    if k % bt.block_size or w.shape[1] != k // bt.block_size * bt.type_size:
+        raise ValueError(f"gguf_matmul_cpu: x [..., {k}] does not match {bt.name} blocks of shape {tuple(w.shape)} "
+                         f"({bt.block_size} values in {bt.type_size} bytes a block)")
     x2 = x.reshape(-1, k).astype(jnp.float32)
     call = jax.ffi.ffi_call("jaxlm_gguf_matmul", jax.ShapeDtypeStruct((x2.shape[0], n), jnp.float32),
                             vmap_method="sequential")
     return call(x2, w, qtype=np.int32(qtype), f32_min_rows=np.int32(f32_min_rows)).reshape(*lead, n)
 
 
+def _f16(b: jax.Array, lo: int) -> jax.Array:
+    """The f16 at bytes lo, lo + 1 of each block, as f32 [..., blocks, 1]."""
+    return jax.lax.bitcast_convert_type(b[..., lo:lo + 2], jnp.float16).astype(jnp.float32)[..., None]
+
+
+def _dequantize_kquant(b: jax.Array, name: str) -> jax.Array:
+    """Super-blocks [..., n, bytes] -> [..., n, 256] f32, in the gguf package's order of operations
+    (d * sc first, then times q, less dmin * m), so the values are its values exactly."""
+    if name == "Q6_K":
+        ql, qh, sc = b[..., :128], b[..., 128:192], jax.lax.bitcast_convert_type(b[..., 192:208], jnp.int8)
+        ql = ql.reshape(*ql.shape[:-1], 2, 1, 64)
+        lo = jnp.concatenate([ql & 15, ql >> 4], axis=-2).reshape(*b.shape[:-1], 8, 32)
+        qh = qh.reshape(*qh.shape[:-1], 2, 1, 32)
+        hi = jnp.concatenate([(qh >> s) & 3 for s in (0, 2, 4, 6)], axis=-2).reshape(*b.shape[:-1], 8, 32)
+        q = ((lo | (hi << 4)).astype(jnp.int8) - 32).reshape(*b.shape[:-1], 16, 16).astype(jnp.float32)
+        return ((_f16(b, 208) * sc.astype(jnp.float32))[..., None] * q).reshape(*b.shape[:-1], 256)
+    s = b[..., 4:16]
+    s0, s1, s2 = s[..., 0:4], s[..., 4:8], s[..., 8:12]
+    sc = jnp.concatenate([s0 & 63, (s2 & 15) | ((s0 >> 6) << 4)], axis=-1).astype(jnp.float32)
+    mn = jnp.concatenate([s1 & 63, (s2 >> 4) | ((s1 >> 6) << 4)], axis=-1).astype(jnp.float32)
+    qs = b[..., b.shape[-1] - 128:].reshape(*b.shape[:-1], 4, 1, 32)
+    q = jnp.concatenate([qs & 15, qs >> 4], axis=-2).reshape(*b.shape[:-1], 8, 32)
+    if name == "Q5_K":
+        qh = b[..., 16:48][..., None, :]
+        q = q | (jnp.concatenate([(qh >> j) & 1 for j in range(8)], axis=-2) << 4)
+    d, dm = (_f16(b, 0) * sc)[..., None], (_f16(b, 2) * mn)[..., None]
+    return (d * q.astype(jnp.float32) - dm).reshape(*b.shape[:-1], 256)
+
+
 def gguf_dequantize_rows(rows: jax.Array, qtype: int) -> jax.Array:
-    """Blocks [..., K / 32 * block bytes] uint8 -> values [..., K] f32, in XLA (any platform):
-    the embedding's gathered rows. Same formulas as the C++ kernel (gguf_matmul.cc's header)."""
-    name, size = GGUF_KERNEL_TYPES[qtype]
+    """Blocks [..., K / block values * block bytes] uint8 -> values [..., K] f32, in XLA (any
+    platform): the embedding's gathered rows, and W for many rows (prefill). The formulas are the
+    C++ kernel's (gguf_matmul.cc's and gguf_kquants.h's headers)."""
+    name, _, size = GGUF_KERNEL_TYPES[qtype]
     lead = rows.shape[:-1]
     b = rows.reshape(*lead, -1, size)
-    f16 = lambda lo: jax.lax.bitcast_convert_type(b[..., lo:lo + 2], jnp.float16).astype(jnp.float32)[..., None]  # noqa: E731
-    if name == "Q8_0":
+    f16 = functools.partial(_f16, b)
+    if name.endswith("_K"):
+        vals = _dequantize_kquant(b, name)
+    elif name == "Q8_0":
         vals = f16(0) * jax.lax.bitcast_convert_type(b[..., 2:], jnp.int8).astype(jnp.float32)
     else:
         qs = b[..., size - QK // 2:]

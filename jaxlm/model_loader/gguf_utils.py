@@ -268,6 +268,12 @@ def _tensor_array(f: GGUFFile, t: GGUFTensorInfo) -> np.ndarray:
 
 def _blocks(f: GGUFFile, t: GGUFTensorInfo) -> np.ndarray:
     """A 2-D tensor's bytes as rows of blocks [rows, row bytes] (a view of the file)."""
+    import gguf
+
+    block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(t.qtype)][0]
+    if len(t.shape) != 2 or t.shape[-1] % block:
+        raise CorruptCheckpointError(f.path, f"tensor {t.name!r} of shape {t.shape}: rows are not whole "
+                                     f"{_type_name(t.qtype)} blocks of {block} values")
     return f.raw(t).reshape(t.shape[0], -1)
 
 

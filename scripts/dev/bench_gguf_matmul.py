@@ -1,9 +1,13 @@
 """The C++ GGUF block matmul (kernels_cpu/gguf_matmul.cc) against XLA's float32 dot, alone.
 
-SmolLM2-135M's matrix shapes (N x K: q/o 576x576, gate/up 1536x576, down 576x1536, the tied LM
-head 49152x576) for M rows of activations; each figure is the median of interleaved rounds, us per
-call, with what it streams (GB/s of weight bytes). Run: python scripts/dev/bench_gguf_matmul.py
-[--rows 1 16 512] [--types Q4_1 Q8_0] [--rounds 7]
+SmolLM2-135M's matrix shapes (N x K: q/o 576x576, k/v 192x576, gate/up 1536x576, down 576x1536,
+the tied LM head 49152x576) for M rows of activations; each figure is the median of interleaved
+rounds, us per call, with what it streams (GB/s of weight bytes). A K-quant's rows are whole
+super-blocks of 256 values, which 576 is not (llama.cpp's quantizer gives those tensors another
+type): for them K is rounded up to 768 (marked *), against XLA's dot on the same shape. The
+K-quants' blocks are random bytes with finite scales (the kernel's time does not depend on the
+values). Run: python scripts/dev/bench_gguf_matmul.py [--rows 1 16 512] [--types Q4_1 Q4_K]
+[--rounds 7]
 """
 
 from __future__ import annotations
@@ -15,8 +19,22 @@ import time
 
 import numpy as np
 
-SHAPES = ((576, 576), (1536, 576), (576, 1536), (49152, 576))
-TYPE_IDS = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8}
+SHAPES = ((576, 576), (192, 576), (1536, 576), (576, 1536), (49152, 576))
+TYPE_IDS = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
+_F16_AT = {12: (0, 2), 13: (0, 2), 14: (208,)}  # a K-quant super-block's f16 scales
+
+
+def _blocks(rng: np.random.Generator, wf: np.ndarray, qtype: int) -> np.ndarray:
+    """W [N, K] in blocks of ``qtype``: the gguf package's quantizer, or random K-quant bytes."""
+    import gguf
+
+    if qtype not in _F16_AT:
+        return gguf.quants.quantize(wf, gguf.GGMLQuantizationType(qtype))
+    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(qtype)]
+    w = rng.integers(0, 256, (wf.shape[0], wf.shape[1] // block, size), dtype=np.uint8)
+    for at in _F16_AT[qtype]:
+        w[..., at:at + 2] = rng.uniform(1e-3, 0.1, w.shape[:2]).astype(np.float16)[..., None].view(np.uint8)
+    return w.reshape(wf.shape[0], -1)
 
 
 def _time(fn, args, reps: int) -> float:
@@ -31,11 +49,10 @@ def _time(fn, args, reps: int) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", type=int, nargs="+", default=[1, 16, 512])
-    p.add_argument("--types", nargs="+", default=["Q4_1", "Q8_0"], choices=sorted(TYPE_IDS))
+    p.add_argument("--types", nargs="+", default=["Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"], choices=sorted(TYPE_IDS))
     p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args()
 
-    import gguf
     import jax
     import jax.numpy as jnp
 
@@ -46,25 +63,31 @@ def main() -> None:
     f32 = jax.jit(lambda x, w: jax.lax.dot_general(x, w, (((1,), (1,)), ((), ()))))
     quant = jax.jit(gguf_matmul_cpu, static_argnums=2)
     print(f"{'N x K':>12} {'M':>4} {'type':>5} {'f32 us':>9} {'gguf us':>9} {'speedup':>7} {'GB/s':>6}")
-    for n, k in SHAPES:
-        wf = rng.standard_normal((n, k)).astype(np.float32) * 0.05
-        blocks = {t: jnp.asarray(gguf.quants.quantize(wf, gguf.GGMLQuantizationType(TYPE_IDS[t]))) for t in args.types}
-        wj = jnp.asarray(wf)
-        for m in args.rows:
-            if n * m > 49152 * 64:  # the LM head runs on the sampled rows only
-                continue
-            x = jnp.asarray(rng.standard_normal((m, k)).astype(np.float32))
-            reps = max(3, int(2e8 / (n * k * max(m, 8))))
-            times: dict[str, list[float]] = {"f32": [], **{t: [] for t in args.types}}
-            for _ in range(args.rounds):  # interleaved: the machine's load hits both alike
-                times["f32"].append(_time(f32, (x, wj), reps))
-                for t in args.types:
-                    times[t].append(_time(quant, (x, blocks[t], TYPE_IDS[t]), reps))
-            base = statistics.median(times["f32"])
-            for t in args.types:
-                us = statistics.median(times[t])
-                print(f"{n:>6}x{k:<5} {m:>4} {t:>5} {base:>9.1f} {us:>9.1f} {base / us:>6.2f}x "
-                      f"{blocks[t].nbytes / us / 1e3:>6.1f}")
+    for n, k0 in SHAPES:
+        # K per type: 576 becomes 768 for the K-quants (whole super-blocks)
+        by_k: dict[int, list[str]] = {}
+        for t in args.types:
+            by_k.setdefault(-(-k0 // 256) * 256 if TYPE_IDS[t] in _F16_AT else k0, []).append(t)
+        for k, types in sorted(by_k.items()):
+            wf = rng.standard_normal((n, k)).astype(np.float32) * 0.05
+            blocks = {t: jnp.asarray(_blocks(rng, wf, TYPE_IDS[t])) for t in types}
+            wj = jnp.asarray(wf)
+            for m in args.rows:
+                if n * m > 49152 * 64:  # the LM head runs on the sampled rows only
+                    continue
+                x = jnp.asarray(rng.standard_normal((m, k)).astype(np.float32))
+                reps = max(3, int(2e8 / (n * k * max(m, 8))))
+                times: dict[str, list[float]] = {"f32": [], **{t: [] for t in types}}
+                for _ in range(args.rounds):  # interleaved: the machine's load hits both alike
+                    times["f32"].append(_time(f32, (x, wj), reps))
+                    for t in types:
+                        times[t].append(_time(quant, (x, blocks[t], TYPE_IDS[t]), reps))
+                base = statistics.median(times["f32"])
+                mark = "*" if k != k0 else " "
+                for t in types:
+                    us = statistics.median(times[t])
+                    print(f"{n:>6}x{k:<4}{mark} {m:>4} {t:>5} {base:>9.1f} {us:>9.1f} {base / us:>6.2f}x "
+                          f"{blocks[t].nbytes / us / 1e3:>6.1f}")
     print("load:", os.getloadavg())
 
 

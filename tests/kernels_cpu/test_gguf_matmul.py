@@ -1,11 +1,16 @@
 """The C++ GGUF block matmul against the NumPy oracle (the gguf package's dequantizer, then a
-float matmul), for each block type, 1-64 rows and odd shapes, on both of its paths.
+float matmul), for each block type, 1-64 rows and odd shapes, on both of its paths; the XLA
+dequantizer against the gguf package's, and the tests' K-quant encoder against it.
+
+The K-quants' weights are random bytes with finite f16 scales (every bit pattern of their packed
+scales, mins and high bits); the other types' come from the gguf package's quantizer.
 
 Tolerances:
   * the few-rows path rounds each row of x to int8 per block of 32 (as llama.cpp does), so
     against the oracle fed that same rounded x only float summation order differs: every element
     within 1e-5 of the largest |output| (seen: <= 4e-7); against the oracle with x as given the
-    rounding shows: RMS error <= 1.5% of the output's RMS (seen: 0.4-0.7%, the rounding's size);
+    rounding shows: RMS error <= 2.5% of the output's RMS (seen: 0.4-0.7%, the rounding's size,
+    and up to 1.7% where one row meets 7 outputs: an RMS over 7 numbers);
   * the many-rows path multiplies x as given in f32: within 1e-5 of the largest |output|.
 """
 
@@ -19,26 +24,43 @@ import numpy as np
 import pytest
 
 from kernels_cpu import GGUF_KERNEL_TYPES, gguf_matmul_cpu
-from kernels_cpu.gguf_matmul import F32_MIN_ROWS, gguf_matmul_reference
+from kernels_cpu.gguf_matmul import F32_MIN_ROWS, gguf_dequantize_rows, gguf_matmul_reference
+from tests.helpers.kquants import quantize_kquant
 
 # (M rows, N outputs, K inputs): 1-64 rows, N not a multiple of 8 or of the kernel's tile of 16,
-# K from one block to SmolLM2's 1536.
+# K from one block to SmolLM2's 1536 (K-quants: one to six super-blocks of 256).
 SHAPES = [(1, 7, 32), (3, 37, 96), (4, 45, 576), (5, 100, 1536), (17, 21, 64), (64, 33, 160)]
+SHAPES_K = [(1, 7, 256), (3, 37, 512), (4, 45, 768), (5, 100, 1536), (17, 21, 256), (64, 33, 512)]
+K_TYPES = (12, 13, 14)
+# Byte offsets of each K-quant's f16 scales in its super-block: d, dmin (Q4_K, Q5_K), d (Q6_K).
+_F16_AT = {12: (0, 2), 13: (0, 2), 14: (208,)}
 _matmul = jax.jit(gguf_matmul_cpu, static_argnums=2, static_argnames="f32_min_rows")
+_ids = [t.name for _, t in sorted(GGUF_KERNEL_TYPES.items())]
+
+
+def _blocks(rng, qtype, n, k):
+    """W [n, k] as blocks of ``qtype``: random bytes with finite scales for the K-quants."""
+    if qtype not in K_TYPES:
+        return gguf.quants.quantize(rng.standard_normal((n, k)).astype(np.float32), gguf.GGMLQuantizationType(qtype))
+    bt = GGUF_KERNEL_TYPES[qtype]
+    w = rng.integers(0, 256, (n, k // 256, bt.type_size), dtype=np.uint8)
+    for at in _F16_AT[qtype]:  # scales of 0.001-0.1: the values stay O(1)
+        w[..., at:at + 2] = rng.uniform(1e-3, 0.1, w.shape[:2]).astype(np.float16)[..., None].view(np.uint8)
+    return w.reshape(n, -1)
 
 
 def _case(rng, qtype, m, n, k):
-    w = gguf.quants.quantize(rng.standard_normal((n, k)).astype(np.float32), gguf.GGMLQuantizationType(qtype))
+    w = _blocks(rng, qtype, n, k)
     x = rng.standard_normal((m, k)).astype(np.float32)
     if k > 32:
         x[0, :32] = 0.0  # an all-zero block of x (its scale is 0)
     return x, w
 
 
-@pytest.mark.parametrize("qtype", sorted(GGUF_KERNEL_TYPES), ids=[n for _, (n, _) in sorted(GGUF_KERNEL_TYPES.items())])
+@pytest.mark.parametrize("qtype", sorted(GGUF_KERNEL_TYPES), ids=_ids)
 def test_matches_reference(cpu_kernels, qtype):
     rng = np.random.default_rng(qtype)
-    for m, n, k in SHAPES:
+    for m, n, k in SHAPES_K if qtype in K_TYPES else SHAPES:
         x, w = _case(rng, qtype, m, n, k)
         xj, wj = jnp.asarray(x), jnp.asarray(w)
         ref = gguf_matmul_reference(x, w, qtype)
@@ -49,7 +71,7 @@ def test_matches_reference(cpu_kernels, qtype):
         rounded = gguf_matmul_reference(x, w, qtype, quantize_x=True)
         np.testing.assert_allclose(out, rounded, rtol=0, atol=1e-5 * scale, err_msg=f"int8 {m}x{n}x{k}")
         rel_rms = np.sqrt(np.mean((out - ref) ** 2) / np.mean(ref ** 2))
-        assert rel_rms <= 0.015, (m, n, k, rel_rms)
+        assert rel_rms <= 0.025, (m, n, k, rel_rms)
         # many rows: f32 tiles
         out32 = np.asarray(_matmul(xj, wj, qtype, f32_min_rows=1))
         np.testing.assert_allclose(out32, ref, rtol=0, atol=1e-5 * scale, err_msg=f"f32 {m}x{n}x{k}")
@@ -63,10 +85,46 @@ def test_leading_dims_and_errors(cpu_kernels):
     x, w = _case(rng, 8, 6, 9, 64)
     out = gguf_matmul_cpu(jnp.asarray(x).reshape(2, 3, 64), jnp.asarray(w), 8)
     np.testing.assert_allclose(np.asarray(out).reshape(6, 9), np.asarray(_matmul(jnp.asarray(x), jnp.asarray(w), 8)))
-    with pytest.raises(ValueError, match="Q4_K|no kernel"):
-        gguf_matmul_cpu(jnp.asarray(x), jnp.asarray(w), 12)
+    with pytest.raises(ValueError, match="type 6 has no kernel"):  # Q5_0
+        gguf_matmul_cpu(jnp.asarray(x), jnp.asarray(w), 6)
     with pytest.raises(ValueError, match="does not match Q4_1"):
         gguf_matmul_cpu(jnp.asarray(x), jnp.asarray(w), 3)
+    # A K-quant's rows are whole super-blocks of 256: 320 inputs are not, nor is a row of 1.5.
+    xk, wk = _case(rng, 12, 2, 5, 512)
+    with pytest.raises(ValueError, match=r"does not match Q4_K blocks .*256 values in 144 bytes"):
+        gguf_matmul_cpu(jnp.zeros((2, 320)), jnp.asarray(wk[:, :288]), 12)
+    with pytest.raises(ValueError, match="does not match Q4_K"):
+        gguf_matmul_cpu(jnp.asarray(xk), jnp.asarray(wk[:, :216]), 12)
+
+
+@pytest.mark.parametrize("qtype", sorted(GGUF_KERNEL_TYPES), ids=_ids)
+def test_xla_dequantizer_equals_gguf(qtype):
+    """gguf_dequantize_rows (the embedding's rows and prefill's W, in XLA) gives the gguf
+    package's values exactly, with leading dimensions (a gather's [batch, tokens, row])."""
+    rng = np.random.default_rng(100 + qtype)
+    w = _blocks(rng, qtype, 12, 512)
+    got = np.asarray(jax.jit(gguf_dequantize_rows, static_argnums=1)(jnp.asarray(w.reshape(3, 4, -1)), qtype))
+    want = gguf.quants.dequantize(w, gguf.GGMLQuantizationType(qtype)).reshape(3, 4, 512)
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("qtype", K_TYPES, ids=["Q4_K", "Q5_K", "Q6_K"])
+def test_kquant_encoder_round_trips(qtype):
+    """The tests' K-quant encoder (tests/helpers/kquants.py, which writes the tiny GGUFs): the gguf
+    package reads its blocks back as exactly the values it meant, and those are the weights
+    within each type's rounding (RMS error, as a fraction of the weights' RMS, seen: Q4_K 7.8%,
+    Q5_K 3.8%, Q6_K 1.9%, on rows of mixed scales)."""
+    rng = np.random.default_rng(qtype)
+    w = rng.standard_normal((37, 512)).astype(np.float32) * rng.uniform(0.1, 3, (37, 1)).astype(np.float32)
+    w[0, :256] = 0.0  # a zero super-block: zero scales
+    blocks, values = quantize_kquant(w, gguf.GGMLQuantizationType(qtype))
+    assert blocks.shape == (37, 2 * GGUF_KERNEL_TYPES[qtype].type_size) and blocks.dtype == np.uint8
+    np.testing.assert_array_equal(gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType(qtype)), values)
+    assert np.all(values[0, :256] == 0)
+    rel_rms = np.sqrt(np.mean((values - w) ** 2) / np.mean(w ** 2))
+    assert rel_rms <= {12: 0.09, 13: 0.045, 14: 0.022}[qtype], rel_rms
+    with pytest.raises(ValueError, match="whole super-blocks of 256"):
+        quantize_kquant(w[:, :320], gguf.GGMLQuantizationType(qtype))
 
 
 def test_generic_fallback_matches_reference(tmp_path):
@@ -77,15 +135,15 @@ def test_generic_fallback_matches_reference(tmp_path):
     if platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip(f"the generic build is forced with -march=x86-64; this is {platform.machine()}")
     code = f"""
-import numpy as np, gguf, jax.numpy as jnp
+import numpy as np, jax.numpy as jnp
 from kernels_cpu import build, gguf_matmul_cpu
 from kernels_cpu.gguf_matmul import gguf_matmul_reference
+import tests.kernels_cpu.test_gguf_matmul as t
 build._COMPILE = [f if f != "-march=native" else "-march=x86-64" for f in build._COMPILE]
 build.load_cpu_kernels({str(tmp_path)!r})
 rng = np.random.default_rng(0)
-for qtype in (2, 3, 8):
-    w = gguf.quants.quantize(rng.standard_normal((19, 96)).astype(np.float32), gguf.GGMLQuantizationType(qtype))
-    x = rng.standard_normal((5, 96)).astype(np.float32)
+for qtype in (2, 3, 8, 12, 13, 14):
+    x, w = t._case(rng, qtype, 5, 19, 512 if qtype in t.K_TYPES else 96)
     for rows, quantize_x in ((0, True), (1, False)):  # the int8 path, the f32 path
         out = np.asarray(gguf_matmul_cpu(jnp.asarray(x), jnp.asarray(w), qtype, f32_min_rows=rows))
         exact = gguf_matmul_reference(x, w, qtype, quantize_x=quantize_x)

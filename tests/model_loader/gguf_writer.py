@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import re
+from typing import Callable
 
 import gguf
 import numpy as np
 
 from loader_helpers import hf_tensors
+from tests.helpers.kquants import quantize
 
 _LAYER = {
     "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
@@ -45,9 +47,13 @@ def permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(hf_dir: str, out: str, cfg, quant: gguf.GGMLQuantizationType = gguf.GGMLQuantizationType.Q8_0,
+def write_gguf(hf_dir: str, out: str, cfg,
+               quant: gguf.GGMLQuantizationType | Callable[[str], gguf.GGMLQuantizationType] = gguf.GGMLQuantizationType.Q8_0,
                arch: str = "llama") -> dict[str, np.ndarray]:
-    """Write ``out``; returns the dequantized reference per HF name (in HF layout, unpermuted)."""
+    """Write ``out``; returns the dequantized reference per HF name (in HF layout, unpermuted).
+    ``quant``: the type of every 2-D tensor, or a function from its HF name to its type (a
+    K-quant mix as llama.cpp's Q4_K_M writes one)."""
+    type_of = quant if callable(quant) else lambda _: quant
     w = gguf.GGUFWriter(out, arch)
     w.add_name("tiny")
     w.add_block_count(cfg.num_hidden_layers)
@@ -98,12 +104,13 @@ def write_gguf(hf_dir: str, out: str, cfg, quant: gguf.GGMLQuantizationType = gg
         perm = arch == "llama" and (".q_proj." in name or ".k_proj." in name)
         heads = cfg.num_attention_heads if ".q_proj." in name else cfg.num_key_value_heads
         stored = permute(arr, heads) if perm else arr
-        block = gguf.GGML_QUANT_SIZES[quant][0]
+        qtype = type_of(name)
+        block = gguf.GGML_QUANT_SIZES[qtype][0]
         # Rows that are not whole blocks stay F32, as llama.cpp's converter falls back.
-        if arr.ndim >= 2 and quant != gguf.GGMLQuantizationType.F32 and stored.shape[-1] % block == 0:
-            q = gguf.quants.quantize(stored, quant)
-            w.add_tensor(gguf_name(name), q, raw_shape=q.shape, raw_dtype=quant)
-            deq = gguf.quants.dequantize(q, quant).reshape(stored.shape).astype(np.float32)
+        if arr.ndim >= 2 and qtype != gguf.GGMLQuantizationType.F32 and stored.shape[-1] % block == 0:
+            q = quantize(stored, qtype)
+            w.add_tensor(gguf_name(name), q, raw_shape=q.shape, raw_dtype=qtype)
+            deq = gguf.quants.dequantize(q, qtype).reshape(stored.shape).astype(np.float32)
         else:  # 1-D tensors (norms, biases) stay F32 as llama.cpp keeps them
             w.add_tensor(gguf_name(name), stored)
             deq = stored

@@ -2,14 +2,14 @@
 
 A GGUF file's config carries ``quantization_config = {"quant_method": "gguf", "tensor_types":
 {HF name: GGML type}}`` (model_loader/gguf_utils.py), so a .gguf model gets this config without
-asking. Each ``Linear`` and the token ``Embedding`` whose tensor is Q8_0, Q4_0 or Q4_1 holds the
-file's bytes as ``qweight`` [out, in / 32 * block bytes] uint8 (3.8-7.1x fewer bytes than float32,
-so a decode step streams that much less) and multiplies through the C++ kernel
-(kernels_cpu/gguf_matmul.cc) inside the compiled step when few rows go through (decode), or
+asking. Each ``Linear`` and the token ``Embedding`` whose tensor is Q8_0, Q4_0, Q4_1, Q4_K, Q5_K
+or Q6_K holds the file's bytes as ``qweight`` [out, in / block values * block bytes] uint8 (3.8-7.1x
+fewer bytes than float32, so a decode step streams that much less) and multiplies through the C++
+kernel (kernels_cpu/gguf_matmul.cc) inside the compiled step when few rows go through (decode), or
 through XLA's dot on the weight dequantized in XLA when many do (prefill: ``gguf_product``); the
 embedding gathers its rows' blocks and dequantizes them in XLA, and a tied LM head goes through
-the same product. Any other type (K-quants,
-F16, ...) has no kernel: the loader dequantizes it to float at load (one log line names them).
+the same product. Any other type (Q5_0,
+Q2_K, F16, ...) has no kernel: the loader dequantizes it to float at load (one log line names them).
 Without the C++ kernels (no compiler, or not XLA:CPU) every tensor is dequantized, as with
 ``--quantization none``.
 """
@@ -28,7 +28,7 @@ from flax import nnx
 
 from jaxlm.models.quantization.base_config import LinearMethodBase, QuantizationConfig, QuantizeMethodBase
 from jaxlm.models.utils import MODEL_AXIS, WeightTarget, make_param
-from kernels_cpu.gguf_matmul import F32_MIN_ROWS, GGUF_KERNEL_TYPES, QK, gguf_dequantize_rows, gguf_matmul_cpu
+from kernels_cpu.gguf_matmul import F32_MIN_ROWS, GGUF_KERNEL_TYPES, gguf_dequantize_rows, gguf_matmul_cpu
 
 logger = logging.getLogger(__name__)
 
@@ -51,10 +51,18 @@ def _kernel_types_here() -> frozenset[int]:
 
 
 def _blocks_param(rngs: nnx.Rngs, rows: int, k: int, qtype: int, spec: tuple[str | None, ...]) -> nnx.Param:
-    name, size = GGUF_KERNEL_TYPES[qtype]
-    if k % QK:
-        raise ValueError(f"GGUF {name} blocks need an input dimension that is a multiple of {QK}, got {k}")
-    return make_param(rngs, (rows, k // QK * size), jnp.uint8, spec, init="zeros")
+    bt = GGUF_KERNEL_TYPES[qtype]
+    return make_param(rngs, (rows, k // bt.block_size * bt.type_size), jnp.uint8, spec, init="zeros")
+
+
+def _check_whole_blocks(name: str, k: int, qtype: int) -> None:
+    """A tensor's rows must be whole blocks (llama.cpp writes no other: its quantizer picks
+    another type for such a tensor), so a row that is not names the file as broken."""
+    bt = GGUF_KERNEL_TYPES[qtype]
+    if k % bt.block_size:
+        raise ValueError(f"GGUF tensor {name} is {bt.name}, whose blocks hold {bt.block_size} values, but the "
+                         f"model's input dimension there is {k}, not a multiple of {bt.block_size} (a corrupt "
+                         "file, or a config that does not match it)")
 
 
 def gguf_product(x: jax.Array, qweight: jax.Array, qtype: int) -> jax.Array:
@@ -78,8 +86,8 @@ def _blocks_target(layer: nnx.Module, prefix: str) -> dict[str, WeightTarget]:
 
 @dataclasses.dataclass(frozen=True)
 class GGUFLinearMethod(LinearMethodBase):
-    """``qweight`` [out, in / 32 * block bytes] uint8 of GGML type ``qtype``; the product is the
-    C++ kernel (rows of x rounded to int8 per block of 32 inside, as llama.cpp does)."""
+    """``qweight`` [out, in / block values * block bytes] uint8 of GGML type ``qtype``; the product
+    is the C++ kernel (rows of x rounded to int8 per block of 32 inside, as llama.cpp does)."""
 
     qtype: int
     param_names = ("qweight",)
@@ -100,7 +108,7 @@ class GGUFLinearMethod(LinearMethodBase):
 
 @dataclasses.dataclass(frozen=True)
 class GGUFEmbeddingMethod(QuantizeMethodBase):
-    """The token embedding ``qweight`` [vocab, dim / 32 * block bytes] uint8: a lookup gathers
+    """The token embedding ``qweight`` [vocab, dim / block values * block bytes] uint8: a lookup gathers
     the rows' blocks and dequantizes them in XLA; the tied LM head is the C++ kernel."""
 
     qtype: int
@@ -146,8 +154,10 @@ class GGUFConfig(QuantizationConfig):
         if qtype not in self.kernel_types:
             return None  # float: the loader dequantizes it
         if isinstance(layer, Linear) and layer.kv_repeat is None:
+            _check_whole_blocks(f"{prefix}.weight", layer.in_features, qtype)
             return GGUFLinearMethod(qtype)
         if isinstance(layer, Embedding):
+            _check_whole_blocks(f"{prefix}.weight", layer.dim, qtype)
             return GGUFEmbeddingMethod(qtype)
         return None
 
@@ -155,7 +165,7 @@ class GGUFConfig(QuantizationConfig):
         kept: dict[str, int] = {}
         for _, t in self.tensor_types:
             if t in self.kernel_types:
-                kept[GGUF_KERNEL_TYPES[t][0]] = kept.get(GGUF_KERNEL_TYPES[t][0], 0) + 1
+                kept[GGUF_KERNEL_TYPES[t].name] = kept.get(GGUF_KERNEL_TYPES[t].name, 0) + 1
         return "gguf (" + (", ".join(f"{n} x{c}" for n, c in sorted(kept.items())) or "no tensors") + " in blocks)"
 
 
