@@ -5,11 +5,13 @@
 #                                    # wheels a GPU machine without network lacks into .gpu_wheels/
 #   scripts/gpu_check.sh             # on the GPU machine, from the repository root, with
 #                                    # .gpu_wheels/ beside it: installs what is missing, then runs
-#                                    # scripts/gpu_check.py (kernels natively against their
-#                                    # references, greedy parity with both attention backends,
-#                                    # decode tok/s at batch 1 and 64 in bf16, the decode kernel's
-#                                    # HBM bandwidth beside JAX's bundled kernel, host vs device
-#                                    # time per step). Under 10 minutes on one H100.
+#                                    # scripts/gpu_check.py: each part in its own process under a
+#                                    # time box, within 450 s in all (GPU_CHECK_ARGS='--budget N'
+#                                    # changes it), output streamed, the last line ONE JSON object
+#                                    # of every figure (kernels and parity checks, decode tok/s and
+#                                    # host vs device per step, kernel HBM bandwidth, nano-vllm's
+#                                    # workload, command-buffer modes, the server under load,
+#                                    # prefill, transformers, fp8). Under 8 minutes on one H100.
 #   scripts/gpu_check.sh --cpu-smoke # the same run on CPU, small, to test this script.
 #
 # The GPU machines this project gets bring JAX with its CUDA plugin, flax, transformers, torch,
@@ -28,7 +30,7 @@ PLATFORM="${GPU_CHECK_PLATFORM:-x86_64}"
 # What jaxlm imports that the GPU machines lack (import name=distribution name).
 NEEDED=(msgspec=msgspec zmq=pyzmq llguidance=llguidance gguf=gguf psutil=psutil fastapi=fastapi
         uvicorn=uvicorn pydantic=pydantic prometheus_client=prometheus_client jinja2=jinja2
-        pytest=pytest pytest_timeout=pytest-timeout)
+        httpx=httpx pytest=pytest pytest_timeout=pytest-timeout)
 # Dependencies of those that the GPU machine brings already (big binaries among them): not fetched.
 PROVIDED='^(numpy|jax|jaxlib|jax_cuda[0-9]+_(plugin|pjrt)|flax|torch|triton|nvidia_.*|transformers|tokenizers|safetensors|huggingface_hub|hf_xet|pyyaml|regex|requests|urllib3|certifi|charset_normalizer|filelock|fsspec|sympy|mpmath|networkx|ml_dtypes|opt_einsum|scipy|markupsafe|setuptools|pip)$'
 
@@ -82,7 +84,7 @@ case "${1:-}" in
     ;;
   --cpu-smoke)
     install_missing
-    cd "$ROOT" && JAX_PLATFORMS=cpu PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" exec "$PYTHON" scripts/gpu_check.py --cpu-smoke
+    cd "$ROOT" && JAX_PLATFORMS=cpu PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" exec "$PYTHON" scripts/gpu_check.py --cpu-smoke ${GPU_CHECK_ARGS:-}
     ;;
   ""|--run)
     install_missing
@@ -92,10 +94,10 @@ print("gpu_check:", jax.__version__, jax.devices())
 assert jax.default_backend() == "gpu"
 EOF
     cd "$ROOT" && PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" JAXLM_CACHE_DIR="${JAXLM_CACHE_DIR:-/tmp/jaxlm_gpu_check_cache}" \
-      exec "$PYTHON" scripts/gpu_check.py
+      exec "$PYTHON" scripts/gpu_check.py ${GPU_CHECK_ARGS:-}
     ;;
   *)
-    sed -n '2,20p' "$0"
+    sed -n '2,21p' "$0"
     exit 2
     ;;
 esac

@@ -5,8 +5,14 @@ time, so the wall time of its decode step is the engine's own overhead. For each
 adds that many 16-token prompts, generates 200 greedy tokens each, and reports the milliseconds
 per decode step (a step in which every running request decodes one token) and the share of
 each part: schedule, prepare, transfer, dispatch, wait, output (the runner's bookkeeping after
-the tokens are back), update (Scheduler.update_from_output), detokenize (the output
-processor), other (the rest of the engine step).
+the tokens are back), update (Scheduler.update_from_output), detokenize (the detokenizer and
+the logprobs' token texts: text work only), outputs (the rest of the output processor: token
+ids appended, RequestOutputs built), other (the rest of the engine step).
+
+The requests are a streaming caller's by default (CUMULATIVE outputs with text every step);
+--output-kind FINAL_ONLY --no-detokenize measures what LLM.generate(detokenize=False) does. Issue
+38's "21% detokenize" at batch 64 on an H100 was CUMULATIVE text, measured beside decode figures
+that asked for none; the row now says which requests it measured.
 
 Runs against any checkout: where the runner has no StepTimer (code before issue 14) its step is
 reported whole, as "execute".
@@ -22,16 +28,20 @@ from typing import Any
 import numpy as np
 
 PARTS = ("schedule", "prepare", "transfer", "dispatch", "wait", "output", "execute", "update",
-         "detokenize", "other")
+         "detokenize", "outputs", "other")
 
 
-def _timed(timer, part: str, fn):
+def _timed(timer, part: str, fn, less: str | None = None):
+    """fn, its time added to `part`; with `less`, minus the time `part`'s callees added to
+    `less` meanwhile (nested parts are counted once)."""
     def wrapper(*args, **kwargs):
+        inner = timer._pending.get(less, 0.0) if less else 0.0
         t0 = time.perf_counter()
         try:
             return fn(*args, **kwargs)
         finally:
-            timer.add(part, time.perf_counter() - t0)
+            inner = (timer._pending.get(less, 0.0) - inner) if less else 0.0
+            timer.add(part, time.perf_counter() - t0 - inner)
     return wrapper
 
 
@@ -76,9 +86,9 @@ def model_runner(engine) -> Any:
     return engine.executor.worker.model_runner
 
 
-def _instrument(engine) -> tuple[Any, list]:
+def _instrument(engine) -> tuple[Any, list, Any]:
     """Wrap the engine's parts with timers; returns (timer, list receiving each step's
-    scheduled-token counts as (total tokens, requests))."""
+    scheduled-token counts as (total tokens, requests), a function that removes the wrappers)."""
     timer = StepTimer()
     runner = model_runner(engine)
     scheduled: list[tuple[int, int]] = []
@@ -92,14 +102,34 @@ def _instrument(engine) -> tuple[Any, list]:
         scheduled.append((so.total_num_scheduled_tokens, len(so.num_scheduled_tokens)))
         return so
 
+    wrapped = [(sched, "schedule"), (sched, "update_from_output"), (engine.output_processor, "process_outputs")]
     sched.schedule = timed_schedule
     sched.update_from_output = _timed(timer, "update", sched.update_from_output)
-    engine.output_processor.process_outputs = _timed(timer, "detokenize", engine.output_processor.process_outputs)
+    engine.output_processor.process_outputs = _timed(timer, "outputs", engine.output_processor.process_outputs,
+                                                     less="detokenize")
     if hasattr(runner, "step_timer"):
         runner.step_timer = timer  # the runner laps its own parts
     else:
         engine.executor.execute_model = _timed(timer, "execute", engine.executor.execute_model)
-    return timer, scheduled
+        wrapped.append((engine.executor, "execute_model"))
+
+    def remove() -> None:  # instance attributes shadow the methods: deleting them restores those
+        for obj, name in wrapped:
+            obj.__dict__.pop(name, None)
+        if hasattr(runner, "step_timer"):
+            runner.step_timer = None
+    return timer, scheduled, remove
+
+
+def _time_text_work(timer, states) -> None:
+    """The detokenizer's and the logprobs' token-text calls of these requests go to "detokenize"."""
+    for st in states:
+        if getattr(st, "detokenizer", None) is not None:
+            st.detokenizer.update = _timed(timer, "detokenize", st.detokenizer.update)
+            st.detokenizer.get_next_output_text = _timed(timer, "detokenize", st.detokenizer.get_next_output_text)
+        lp = getattr(st, "logprobs", None)
+        if lp is not None and getattr(getattr(lp, "decode", None), "tokenizer", None) is not None:
+            lp.decode = _timed(timer, "detokenize", lp.decode)
 
 
 class _Capture:
@@ -142,14 +172,24 @@ def measure_batch(llm, batch: int, prompt_len: int, output_len: int, skip: int =
                   detokenize: bool = True) -> dict:
     """ms per decode step at this batch size and the share of each part. output_kind: the
     RequestOutputKind's name (CUMULATIVE: a streaming caller's text every step; FINAL_ONLY:
-    LLM.generate's one output at the end). The "detokenize" part is the whole output processor:
-    with CUMULATIVE and detokenize it is the text of every request every step (issue 38's 21% at
-    batch 64 on an H100 was measured that way; gpu_check now asks for what its decode figures use)."""
+    LLM.generate's one output at the end). "detokenize" is text work only (none with
+    detokenize=False); "outputs" the rest of the output processor."""
+    engine = llm.llm_engine
+    timer, scheduled, remove = _instrument(engine)
+    try:
+        res = _measure(engine, timer, scheduled, batch, prompt_len, output_len, skip, with_device, trace_steps,
+                       output_kind, detokenize)
+    finally:
+        remove()
+    res.update(output_kind=output_kind, detokenize=detokenize)
+    return res
+
+
+def _measure(engine, timer, scheduled, batch: int, prompt_len: int, output_len: int, skip: int,
+             with_device: bool, trace_steps: int, output_kind: str, detokenize: bool) -> dict:
     from jaxlm import SamplingParams
     from jaxlm.sampling_params import RequestOutputKind
 
-    engine = llm.llm_engine
-    timer, scheduled = _instrument(engine)
     calls = _capture_programs(model_runner(engine)) if with_device else None
     vocab = engine.model_config.hf_config.vocab_size
     rng = np.random.default_rng(batch)
@@ -158,6 +198,7 @@ def measure_batch(llm, batch: int, prompt_len: int, output_len: int, skip: int =
     for i in range(batch):
         engine.add_request(f"b{batch}-{i}", {"prompt_token_ids": rng.integers(3, vocab - 3, prompt_len).tolist()},
                            params)
+    _time_text_work(timer, getattr(engine.output_processor, "request_states", {}).values())
     step_times, cpu_times, seen = [], [], 0
     while engine.has_unfinished_requests():
         scheduled.clear()
@@ -230,7 +271,8 @@ def tiny_llama(workdir: str, hidden: int | None = None, layers: int | None = Non
 def bench_host_overhead(batches=(1, 8, 64), prompt_len: int = 16, output_len: int = 200,
                         async_modes=(None,), model: str | None = "tiny", rounds: int = 1,
                         with_device: bool = False, trace_steps: int = 0,
-                        with_throughput: bool = False, tiny_size: tuple = (None, None)) -> list[dict]:
+                        with_throughput: bool = False, tiny_size: tuple = (None, None),
+                        output_kind: str = "CUMULATIVE", detokenize: bool = True) -> list[dict]:
     """Engines for every mode side by side in this process; rounds alternate the modes (the
     machine's speed drifts: compare figures of one run). model: "tiny" (the 2-layer Llama),
     None (the engine's default model) or a path."""
@@ -245,7 +287,7 @@ def bench_host_overhead(batches=(1, 8, 64), prompt_len: int = 16, output_len: in
             for b in batches:
                 for mode, llm in engines.items():
                     r = measure_batch(llm, b, prompt_len, output_len, with_device=with_device,
-                                      trace_steps=trace_steps)
+                                      trace_steps=trace_steps, output_kind=output_kind, detokenize=detokenize)
                     r["async_scheduling"] = mode
                     results.append(r)
                     print_row(r)
@@ -261,7 +303,8 @@ def bench_host_overhead(batches=(1, 8, 64), prompt_len: int = 16, output_len: in
 def print_row(r: dict) -> None:
     mode = {None: "default", True: "async", False: "sync"}[r["async_scheduling"]]
     parts = "  ".join(f"{p} {100 * s:.0f}%" for p, s in r["shares"].items())
-    print(f"[{mode}] batch {r['batch']:>3}: {r['ms_median']:.2f} ms/decode step (median; mean "
+    kind = f"{r.get('output_kind', 'CUMULATIVE')}{'' if r.get('detokenize', True) else ', no text'}"
+    print(f"[{mode}] batch {r['batch']:>3} ({kind}): {r['ms_median']:.2f} ms/decode step (median; mean "
           f"{r['ms_mean']:.2f}, {r['steps']} steps)  {parts}", flush=True)
     if "device_ms" in r:
         print(f"    device alone (body + sampler back to back): {r['device_ms']:.2f} ms; step / device = "
@@ -296,12 +339,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--throughput", action="store_true", help="also 64 x (128 in, 128 out) output tok/s per round")
     p.add_argument("--tiny-size", type=int, nargs=2, default=(None, None), metavar=("HIDDEN", "LAYERS"),
                    help="a larger tiny model, e.g. 1024 8: device time per step near the host's")
+    p.add_argument("--output-kind", default="CUMULATIVE", choices=["CUMULATIVE", "DELTA", "FINAL_ONLY"],
+                   help="the requests' RequestOutputKind (LLM.generate: FINAL_ONLY)")
+    p.add_argument("--no-detokenize", action="store_true", help="requests with detokenize=False (no text)")
     a = p.parse_args(argv)
     bench_host_overhead(tuple(a.batches), output_len=a.output_len,
                         async_modes=tuple({"default": None, "on": True, "off": False}[m] for m in a.async_modes),
                         model=None if a.model == "default" else a.model, rounds=a.rounds,
                         with_device=a.device_time, trace_steps=a.trace, with_throughput=a.throughput,
-                        tiny_size=tuple(a.tiny_size))
+                        tiny_size=tuple(a.tiny_size), output_kind=a.output_kind, detokenize=not a.no_detokenize)
 
 
 if __name__ == "__main__":

@@ -60,7 +60,10 @@ class RequestState:
         self.parent = parent
         self.index = index
         self.detokenizer = IncrementalDetokenizer(tokenizer, prompt_token_ids, params) if params.detokenize else None
-        self.logprobs = LogprobsProcessor(tokenizer, params, token_decoder)
+        # detokenize=False means no text at all (vLLM drops the tokenizer for such a request):
+        # logprobs carry decoded_token=None instead of a decode per top-k entry per step.
+        self.logprobs = (LogprobsProcessor(tokenizer, params, token_decoder) if params.detokenize
+                         else LogprobsProcessor(None, params, _NO_TEXT))
         self.token_ids: list[int] = []
         self.sent_tokens = 0
         self.metrics = RequestStateStats(arrival_time=arrival_time, queued_ts=time.time())
@@ -265,6 +268,7 @@ class OutputProcessor:
         )
 
 
+_NO_TEXT = TokenDecoder(None)
 _token_ids = operator.attrgetter("token_ids")
 _metrics = operator.attrgetter("metrics")
 _wants_logprobs = operator.attrgetter("wants_logprobs")

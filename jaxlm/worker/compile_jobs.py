@@ -4,6 +4,7 @@ after it in a thread (worker/background_compile.py)."""
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any, Callable
 
@@ -13,8 +14,42 @@ import numpy as np
 
 from jaxlm.sample.metadata import SamplerVariant
 from jaxlm.worker.background_compile import CompileJob
+from jaxlm.worker.buckets import decode_buckets
+from jaxlm.worker.command_buffers import GPU_PLATFORMS, compiler_options
 from jaxlm.worker.program_cache import compile_fresh
 from jaxlm.worker.step_programs import MIXED, abstract
+
+logger = logging.getLogger(__name__)
+
+
+def compile_lowered(lowered: Any, options: dict[str, Any], fresh: bool) -> Any:
+    """The one place a step program is compiled (options: worker/command_buffers.py's)."""
+    return compile_fresh(lowered, options) if fresh else lowered.compile(compiler_options=options or None)
+
+
+def runner_platform(runner: Any) -> str:
+    """The jax platform the runner's programs run on ("cpu", "gpu", ...)."""
+    mesh = getattr(runner, "mesh", None)
+    return mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
+
+
+def log_cudagraph_mode(runner: Any) -> None:
+    """One line at start-up where the mode means nothing (a CPU) or what it set."""
+    mode, platform = runner.config.compilation_config.cudagraph_mode, runner_platform(runner)
+    if mode is not None and platform not in GPU_PLATFORMS:
+        logger.info("cudagraph_mode=%s has no effect on %s: XLA's command buffers exist on GPUs only", mode, platform)
+    elif mode is not None:
+        logger.info("cudagraph_mode=%s: XLA command buffers per step program (worker/command_buffers.py)", mode)
+
+
+def program_options(runner: Any) -> Callable[[str, tuple], dict[str, Any]]:
+    """(table, key) -> the compiler options of that program under the engine's cudagraph_mode."""
+    mode, platform = runner.config.compilation_config.cudagraph_mode, runner_platform(runner)
+    # Without decode bodies (the XLA backend) decode steps run the mixed bodies they reach.
+    reach = None if runner.decode_buckets else decode_buckets(runner.token_buckets,
+                                                              runner.config.scheduler_config.max_num_seqs)
+    return lambda table, key: (compiler_options(mode, platform, table, key[1], key[0], reach) if table == "body"
+                               else compiler_options(mode, platform, table))
 
 
 def compile_jobs(runner: Any) -> list[CompileJob]:
@@ -43,16 +78,17 @@ def compile_jobs(runner: Any) -> list[CompileJob]:
     sampler_spec = [params_spec[i] for i in runner._sampler_leaf_index]
     runner._last_tokens = runner._put(np.zeros(runner.sample_capacity, np.int32))
     tokens_spec = jax.ShapeDtypeStruct((runner.sample_capacity,), jnp.int32, sharding=replicated)
+    options = program_options(runner)
 
     def body(key: tuple[int, str], fresh: bool) -> None:
         lowered = body_jit(*key).lower(params_spec, kv_spec, packed_spec(*key), tokens_spec, *mm_spec(key[0]))
-        runner._body[key] = compile_fresh(lowered) if fresh else lowered.compile()
+        runner._body[key] = compile_lowered(lowered, options("body", key), fresh)
 
     def sampler(key: tuple[int, SamplerVariant], fresh: bool) -> None:
         md = runner.sampling.build_host([], *key)
         md_spec = jax.ShapeDtypeStruct(md.packed().shape, jnp.int32, sharding=replicated)
         lowered = jax.jit(runner._sample_fn(key[0], md)).lower(sampler_spec, hidden_sel, md_spec)
-        runner._sample[key] = compile_fresh(lowered) if fresh else lowered.compile()
+        runner._sample[key] = compile_lowered(lowered, options("sample", key), fresh)
 
     def job(table: str, key: tuple, compile_fn: Callable[[tuple, bool], None]) -> CompileJob:
         return CompileJob(table, key, lambda fresh: compile_fn(key, fresh))

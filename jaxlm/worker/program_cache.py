@@ -55,11 +55,11 @@ _KEEP = 4  # entries kept per directory (a changed config or jaxlm leaves its ol
 _FRESH_OPTIONS = {"xla_embed_ir_in_executable": False}
 
 
-def compile_fresh(lowered: Any) -> Any:
-    """`lowered` compiled by XLA, never loaded from JAX's cache, so that it can be serialized
-    (see the module docstring); nor written there under its other key (this thread only)."""
+def compile_fresh(lowered: Any, options: dict[str, Any] | None = None) -> Any:
+    """`lowered` compiled by XLA (with `options`), never loaded from JAX's cache, so that it can be
+    serialized (see the module docstring); nor written there under its other key (this thread only)."""
     with jax_config.persistent_cache_min_compile_time_secs(float("inf")):
-        return lowered.compile(compiler_options=_FRESH_OPTIONS)
+        return lowered.compile(compiler_options={**(options or {}), **_FRESH_OPTIONS})
 
 
 def code_fingerprint() -> str:

@@ -15,6 +15,7 @@ import numpy as np
 from tqdm import tqdm
 
 from jaxlm.worker.background_compile import BackgroundCompiles, background_order
+from jaxlm.worker.compile_jobs import log_cudagraph_mode
 from jaxlm.worker.program_cache import ProgramCache
 from jaxlm.worker.step_programs import load_order
 
@@ -24,6 +25,7 @@ logger = logging.getLogger(__name__)
 def warm_up(runner: Any) -> None:
     """`runner`: a ModelRunner with its KV cache allocated."""
     start = time.perf_counter()
+    log_cudagraph_mode(runner)
     runner._last_tokens = runner._put(np.zeros(runner.sample_capacity, np.int32))
     cache = program_cache(runner)
     comp = runner.config.compilation_config

@@ -108,6 +108,51 @@ def test_streaming_deltas_concatenate(llm):
     assert text == final.outputs[0].text
 
 
+def test_detokenize_false_does_no_text_work(llm, monkeypatch):
+    """detokenize=False (issue 38): no detokenizer and no token text for logprobs (vLLM gives
+    decoded_token None), the same tokens and logprobs as with text."""
+    from jaxlm.engine import output_processor
+    from jaxlm.engine.logprobs import TokenDecoder
+
+    texts, made = [], []
+    decode = TokenDecoder.__call__
+    monkeypatch.setattr(TokenDecoder, "__call__",
+                        lambda self, ids: (self.tokenizer is not None and texts.append(len(ids))) or decode(self, ids))
+
+    class Counting(output_processor.IncrementalDetokenizer):
+        def __init__(self, *args, **kwargs):
+            made.append(1)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(output_processor, "IncrementalDetokenizer", Counting)
+    kw = dict(temperature=0, max_tokens=6, ignore_eos=True, logprobs=2, prompt_logprobs=1)
+    [plain] = llm.generate(["The capital"], SamplingParams(**kw), use_tqdm=False)
+    assert made == [1] and texts  # the counters see text work where there is some
+    texts.clear(), made.clear()
+    [bare] = llm.generate(["The capital"], SamplingParams(**kw, detokenize=False), use_tqdm=False)
+    assert made == [] and texts == []
+    got, want = bare.outputs[0], plain.outputs[0]
+    assert got.text == "" and got.token_ids == want.token_ids
+    assert [{t: lp.logprob for t, lp in pos.items()} for pos in got.logprobs] == \
+        [{t: lp.logprob for t, lp in pos.items()} for pos in want.logprobs]
+    assert all(lp.decoded_token is None for pos in got.logprobs + bare.prompt_logprobs[1:] for lp in pos.values())
+    assert all(lp.decoded_token is not None for pos in want.logprobs for lp in pos.values())
+
+
+def test_host_overhead_counts_text_work_only_where_there_is_text(llm):
+    """`jaxlm bench host-overhead`'s "detokenize" share is the detokenizer's own calls: none for
+    LLM.generate(detokenize=False)'s requests (the H100 run read the whole output processor so)."""
+    from jaxlm.benchmarks.host_overhead import measure_batch
+
+    streamed = measure_batch(llm, 2, 4, 10, skip=1)
+    bare = measure_batch(llm, 2, 4, 10, skip=1, output_kind="FINAL_ONLY", detokenize=False)
+    assert streamed["shares"]["detokenize"] > 0 and streamed["shares"]["outputs"] > 0
+    assert "detokenize" not in bare["shares"] and bare["shares"]["outputs"] > 0
+    assert (bare["output_kind"], bare["detokenize"]) == ("FINAL_ONLY", False)
+    engine = llm.llm_engine  # the timers are gone again
+    assert "process_outputs" not in vars(engine.output_processor) and "schedule" not in vars(engine.scheduler)
+
+
 def test_n_greater_than_one(llm):
     [out] = llm.generate(["Hello, my name is"], SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=8,
                                                               ignore_eos=True), use_tqdm=False)

@@ -43,3 +43,36 @@ def test_enforce_eager_refused_before_loading():
 
     with pytest.raises(ValueError, match="enforce_eager=True is not supported"):
         LLM(model="/nonexistent", enforce_eager=True)
+
+
+def test_compilation_config_cudagraph_mode_through_llm_and_the_server_flags(capsys):
+    """vLLM's compilation_config (LLM(compilation_config=...), -O / --compilation-config):
+    cudagraph_mode lands in CompilationConfig and in the program cache's key; bad values are
+    refused naming the field and its choices, before anything loads."""
+    from jaxlm import LLM
+    from jaxlm.engine.arg_utils import EngineArgs
+    from jaxlm.serve.__main__ import main
+    from jaxlm.serve.cli_args import make_arg_parser
+    from jaxlm.worker.program_cache import program_key
+
+    def mode(**kw):
+        return _engine_args("m", kw).create_engine_config().compilation_config.cudagraph_mode
+
+    assert mode(compilation_config={"cudagraph_mode": "full_decode_only"}) == "FULL_DECODE_ONLY"
+    assert (mode(compilation_config=0), mode(compilation_config=3), mode()) == ("NONE", None, None)
+    for argv, want in ((["-O", '{"cudagraph_mode": "PIECEWISE"}'], "PIECEWISE"),
+                       (["--compilation-config", '{"cudagraph_mode": "FULL"}'], "FULL"), (["-O0"], "NONE")):
+        args = EngineArgs.from_cli_args(make_arg_parser().parse_args(["m", *argv]))
+        assert args.create_engine_config().compilation_config.cudagraph_mode == want
+    with pytest.raises(ValueError, match="cudagraph_mode must be one of NONE, PIECEWISE, FULL, FULL_DECODE_ONLY, "
+                                         "FULL_AND_PIECEWISE, got 'FULLL'"):
+        LLM(model="/nonexistent", compilation_config={"cudagraph_mode": "FULLL"})
+    with pytest.raises(ValueError, match="unknown key.*'cudagraph_capture_sizes'.*--token-buckets"):
+        LLM(model="/nonexistent", compilation_config={"cudagraph_capture_sizes": [1, 2]})
+    with pytest.raises(SystemExit) as exit_:
+        main(["m", "-O", '{"cudagraph_mode": "FULLL"}'])
+    assert exit_.value.code == 2 and "cudagraph_mode must be one of" in capsys.readouterr().err
+    configs = [_engine_args("m", {"compilation_config": {"cudagraph_mode": m}}).create_engine_config()
+               for m in ("FULL", "FULL", "NONE")]
+    keys = [program_key(c, [], [], []) for c in configs]
+    assert keys[0] == keys[1] != keys[2]

@@ -55,11 +55,15 @@ def _bytes_to_unicode() -> dict[int, str]:
     return {b: chr(c) for b, c in zip(bs, cs)}
 
 
-def write_byte_tokenizer(path: str | os.PathLike) -> str:
-    """Save a byte-level fast tokenizer (no merges: one token per byte) into ``path``."""
+def write_byte_tokenizer(path: str | os.PathLike, vocab_size: int | None = None) -> str:
+    """Save a byte-level fast tokenizer (no merges: one token per byte) into ``path``. With
+    vocab_size, ids past the bytes decode to words " w<id>" (never produced by encoding): a
+    random model's every token then has text, as a server benchmark counting chunks needs."""
     vocab = {name: i for i, name in enumerate(_SPECIALS)}
     for b, ch in _bytes_to_unicode().items():
         vocab[ch] = BYTE_OFFSET + b
+    space = _bytes_to_unicode()[ord(" ")]
+    vocab.update({f"{space}w{i}": i for i in range(BYTE_VOCAB, vocab_size or 0)})
     return _save(Tokenizer(models.BPE(vocab=vocab, merges=[])), path)
 
 

@@ -102,6 +102,7 @@ FLAG_TESTS = {
     "--compilation-cache-dir": "tests/executor/test_executor.py::test_configure_compilation_cache_once",
     "--defer-program-load": "tests/serve/test_deferred_programs.py::test_no_defer_program_load_loads_all_before_serving",
     "--compile-in-background": "tests/serve/test_deferred_programs.py::test_a_cold_server_serves_while_it_compiles_the_rest",
+    "--compilation-config": "tests/entrypoints/test_llm_args.py::test_compilation_config_cudagraph_mode_through_llm_and_the_server_flags",
     # ObservabilityConfig
     "--disable-log-stats": "tests/serve/test_engine_core_proc.py::test_dp2_engine_labels_idle_gauges_and_log_flags",
     "--enable-log-requests": "tests/serve/test_inproc_server.py::test_enable_log_requests_logs_arrivals_cut_to_max_log_len_and_aborts",

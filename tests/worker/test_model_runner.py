@@ -56,3 +56,51 @@ def test_guard_counts_a_compile_inside_a_step(llm, monkeypatch):
     monkeypatch.setattr(runner, "_device_inputs", compiling_device_inputs)
     llm.generate(["one more"], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
     assert runner.num_compiles_after_warmup > before
+
+
+def test_cudagraph_mode_sets_the_command_buffers_of_the_programs_it_names(llm, monkeypatch, caplog):
+    """compilation_config's cudagraph_mode reaches each step program's .compile() as XLA's
+    command-buffer options, on a GPU only: the platform is made "gpu" and the compile recorded
+    (this XLA:CPU checks each style's option names and values below)."""
+    from jaxlm.worker import compile_jobs
+    from jaxlm.worker.command_buffers import STYLES
+
+    runner = llm.llm_engine.get_model_runner()
+    comp = runner.config.compilation_config
+    seen = {}
+    monkeypatch.setattr(compile_jobs, "compile_lowered", lambda lowered, options, fresh: seen.setdefault("o", options))
+    bodies, samplers = dict(runner._body), dict(runner._sample)
+    picked = {("body", (16, "mixed")), ("body", (64, "mixed")), ("body", (64, "prompt_logprobs")),
+              ("sample", (2, runner.sampling.variants()[0]))}
+
+    def options_per_program(platform: str, mode: str | None, only=picked) -> dict:
+        monkeypatch.setattr(compile_jobs, "runner_platform", lambda r: platform)
+        monkeypatch.setattr(comp, "cudagraph_mode", mode)
+        out = {}
+        for job in runner.compile_jobs():
+            if (job.table, job.key) in only:
+                seen.clear()
+                job()
+                out[(job.table, job.key[0], job.key[1] if job.table == "body" else "")] = seen["o"]
+        return out
+
+    try:
+        full, none, piece = STYLES["full"], STYLES["none"], STYLES["piecewise"]
+        # The XLA backend has no decode bodies: decode steps (<= max_num_seqs 8 tokens) run mixed 16.
+        assert options_per_program("gpu", "FULL_DECODE_ONLY") == {
+            ("body", 16, "mixed"): full, ("body", 64, "mixed"): none, ("body", 64, "prompt_logprobs"): none,
+            ("sample", 2, ""): full}
+        mixed64 = {("body", (64, "mixed"))}
+        sampler = {k for k in picked if k[0] == "sample"}
+        assert list(options_per_program("gpu", "FULL_AND_PIECEWISE", mixed64).values()) == [piece]
+        assert list(options_per_program("gpu", "NONE", sampler).values()) == [none]
+        assert list(options_per_program("gpu", None, mixed64).values()) == [{}]  # XLA's defaults
+        assert list(options_per_program("cpu", "FULL", sampler).values()) == [{}]  # no command buffers on CPU
+    finally:
+        runner._body.update(bodies), runner._sample.update(samplers)
+    with caplog.at_level("INFO", logger="jaxlm.worker.compile_jobs"):
+        compile_jobs.log_cudagraph_mode(runner)
+    assert "cudagraph_mode=FULL has no effect on cpu" in caplog.text
+    lowered = jax.jit(lambda x: jnp.sin(x) * 2).lower(jnp.ones(4))
+    for style in STYLES.values():  # names and enum values this XLA knows (a typo fails to compile)
+        lowered.compile(compiler_options=style)
