@@ -28,8 +28,9 @@ class ModelConfig:
     quantization: str | None = arg(None, "weight quantization: fp8 quantizes a float checkpoint per output "
                                          "channel at load; awq, gptq, compressed-tensors (and fp8) are read from "
                                          "a checkpoint's quantization_config, which is used when this is left out; "
-                                         "gguf keeps a GGUF file's Q8_0 / Q4_0 / Q4_1 tensors in their blocks with "
-                                         "C++ kernels on CPU (the default for a .gguf model); none dequantizes a "
+                                         "gguf keeps a GGUF file's Q8_0 / Q4_0 / Q4_1 / Q4_K / Q5_K / Q6_K tensors in "
+                                         "their blocks with C++ kernels on CPU (the default for a .gguf model); "
+                                         "none dequantizes a "
                                          "GGUF file to float at load",
                                    choices=QUANTIZATION_METHODS)
     max_model_len: int | None = arg(None, "longest prompt + output in tokens; 32k = 32000, 32K = 32768 "

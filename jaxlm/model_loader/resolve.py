@@ -116,11 +116,9 @@ def resolve_model_config(model_config: ModelConfig, load_config: LoadConfig) -> 
 
 
 def _default_quantization(hf_config) -> str | None:
-    """The checkpoint's method, but a GGUF file dequantized ("none") unless --quantization gguf asks
-    for its blocks: the block kernels' int8 activations change SmolLM2's greedy chat answers
-    against the float path (issue 37 keeps them opt-in until they are held to llama.cpp's logits)."""
-    method = checkpoint_quant_method(hf_config)
-    return "none" if method == "gguf" else method
+    """The checkpoint's own method, as vLLM takes it: a GGUF file is served in its blocks
+    (``gguf``; ``--quantization none`` dequantizes it at load)."""
+    return checkpoint_quant_method(hf_config)
 
 
 def checkpoint_quant_method(hf_config: Any) -> str | None:

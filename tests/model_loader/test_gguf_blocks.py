@@ -139,8 +139,8 @@ def test_type_without_kernel_is_dequantized_with_one_log_line(tiny_tied, tmp_pat
 
 def test_llm_quantization_flag(tiny_tied_256, tmp_path, caplog):
     """``LLM(model=file.gguf, quantization="gguf")`` keeps the K-quant mix's tensors (and its
-    Q8_0 one) in blocks and names their types in the start-up log; without the flag (or
-    ``"none"``) the same file is served dequantized. The block engine's weights take the file's
+    Q8_0 one) in blocks and names their types in the start-up log, as it does without the flag
+    (the file's own method, as vLLM takes it); with ``"none"`` the same file is served dequantized. The block engine's weights take the file's
     bytes (Q4_K 144, Q5_K 176, Q6_K 210 per 256 values, Q8_0 34 per 32; float32: 4 per value).
 
     Teacher-forced through both engines: the block engine decodes 24 greedy tokens after each of
@@ -159,7 +159,11 @@ def test_llm_quantization_flag(tiny_tied_256, tmp_path, caplog):
                   seq_buckets=[2], num_gpu_blocks_override=8)
     prompts = [[5, 6, 7, 8, 9, 10, 11, 12], [40, 41, 300, 7, 99, 3, 18, 250]]
     nbytes, generated = {}, []
-    for quantization in ("gguf", None):
+    from jaxlm.config import LoadConfig, ModelConfig
+    from jaxlm.model_loader import resolve_model_config
+
+    assert resolve_model_config(ModelConfig(model=path, tokenizer=tiny_tied_256), LoadConfig()).quantization == "gguf"
+    for quantization in ("gguf", "none"):
         with caplog.at_level(logging.INFO, logger="jaxlm"):
             llm = LLM(model=path, tokenizer=tiny_tied_256, quantization=quantization, **engine)
         if quantization == "gguf":
@@ -186,7 +190,7 @@ def test_llm_quantization_flag(tiny_tied_256, tmp_path, caplog):
             assert ("qweight" in proj) == (quantization == "gguf"), list(proj)
         del llm
     # the 2-D weights: 4.5-5.5 bits a value against float32's 32; the norms stay float32 in both
-    assert nbytes["gguf"] < 0.2 * nbytes[None], nbytes
+    assert nbytes["gguf"] < 0.2 * nbytes["none"], nbytes
 
 
 def test_kquant_rows_not_whole_super_blocks_are_refused():

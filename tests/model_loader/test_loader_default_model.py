@@ -52,6 +52,7 @@ def test_default_model_says_paris():
     cfg = mc.hf_config
     assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_key_value_heads, cfg.vocab_size) == (30, 576, 3, 49152)
     assert cfg.tie_word_embeddings and mc.dtype == "float32" and mc.max_model_len == 2048
+    assert mc.quantization == "gguf"  # a .gguf file is served in its blocks unless --quantization none
 
     tok = get_tokenizer(mc)
     assert tok.is_fast and "<|im_start|>" in (tok.chat_template or "")
