@@ -69,7 +69,7 @@ def _check_whole_blocks(name: str, k: int, qtype: int) -> None:
 def gguf_product(x: jax.Array, qweight: jax.Array, qtype: int) -> jax.Array:
     """x [..., K] @ W^T -> [..., N] f32, W in blocks. Below F32_MIN_ROWS rows: the C++ kernel
     on int8 activations (as llama.cpp does at any batch), streaming the blocks for one row and
-    with rows in vector lanes from 4, measured 2-3.5x faster than the branch below at 32-512 rows
+    with rows in vector lanes from 4, measured 1.1-10x faster than the branch below at 16-512 rows
     (docs/PERF_NOTES.md, session 12). From F32_MIN_ROWS: XLA's dot on W dequantized in XLA, x
     as given; the kernel's own f32 tiles measured 2-2.7x slower than XLA's dot at 512 rows
     (session 9)."""
