@@ -12,14 +12,18 @@
 // (+ m d_x sum(qx) for Q4_1, - 8 d_w d_x sum(qx) for Q4_0). The integer dots use AVX-VNNI /
 // AVX512-VNNI (dpbusd) or AVX2 (maddubs + madd) when -march=native has them, else plain C++.
 //
-// Two paths; the threads take tiles of kTileN weight rows in both.
-//  * A few rows (decode): the integer dots above. Inside a tile, rows of x go four at a time
-//    against two weight rows, so a weight block is unpacked once for four rows of x and the four
-//    rows of quantized x stay in L1 across the tile; a lone row of x goes against four weight rows
-//    (independent accumulators, the next rows prefetched). With one row of x this is a stream over W.
-//  * Many rows (M >= f32_min_rows; prefill): each tile is dequantized once to f32 and reused
-//    across every row of x in a register-blocked f32 product (x as given, not rounded;
-//    gguf_matmul_f32.h).
+// Three paths; the threads take tiles of kTileN weight rows in each.
+//  * One to three rows (batch-1 decode; gguf_matmul_rows.h): the integer dots a row of x at a
+//    time against four weight rows (independent accumulators, the next rows prefetched): a
+//    stream over W.
+//  * kLanesMinRows (4) rows and more, below f32_min_rows (batched decode, and prefill: the model
+//    passes f32_min_rows 0; gguf_matmul_lanes.h): rows of x in vector lanes, 8 or 16 a vector,
+//    a weight row's 4 bytes broadcast against them, so one dpbusd serves every row and the
+//    block's scales are one vector op per weight row. Q6_K and the generic build take the row
+//    path for these too (rows four at a time against two weight rows).
+//  * M >= f32_min_rows: each tile is dequantized once to f32 and reused across every row of x
+//    in a register-blocked f32 product (x as given, not rounded; gguf_matmul_f32.h). The model
+//    does not use it (XLA's dot measured faster).
 
 #include <algorithm>
 #include <atomic>
@@ -148,149 +152,9 @@ inline __m256i nibbles(const uint8_t* qs) {
 
 #include "gguf_kquants.h"
 
-template <int T>
-constexpr int64_t block_bytes_of() {
-  return T == kQ8_0 ? sizeof(BlockQ8_0) : T == kQ4_0 ? sizeof(BlockQ4_0) : sizeof(BlockQ4_1);
-}
-
-// One block of weight row wrow: its scale (and Q4_1's min; Q4_0's -8 d) and its 32 values as
-// bytes (nibbles unpacked; Q8_0's signed bytes).
-template <int T>
-inline void load_block(const uint8_t* wrow, int64_t b, float& dw, float& mw,
-#if defined(JAXLM_AVX2)
-                       __m256i& wv
-#else
-                       int* wv
-#endif
-) {
-  mw = 0.0f;
-  if constexpr (T == kQ8_0) {
-    const auto* blk = reinterpret_cast<const BlockQ8_0*>(wrow) + b;
-    dw = f16_to_f32(blk->d);
-#if defined(JAXLM_AVX2)
-    wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->q));
-#else
-    for (int j = 0; j < kQK; ++j) wv[j] = blk->q[j];
-#endif
-  } else {
-    const uint8_t* qs;
-    if constexpr (T == kQ4_0) {
-      const auto* blk = reinterpret_cast<const BlockQ4_0*>(wrow) + b;
-      dw = f16_to_f32(blk->d), mw = -8.0f * dw, qs = blk->qs;
-    } else {
-      const auto* blk = reinterpret_cast<const BlockQ4_1*>(wrow) + b;
-      dw = f16_to_f32(blk->d), mw = f16_to_f32(blk->m), qs = blk->qs;
-    }
-#if defined(JAXLM_AVX2)
-    wv = nibbles(qs);
-#else
-    for (int j = 0; j < kQK / 2; ++j) wv[j] = qs[j] & 15, wv[j + 16] = qs[j] >> 4;
-#endif
-  }
-}
-
-// out[m0 + r, n0 + c] for R rows of x (R <= kRowsM) against C consecutive weight rows from n0:
-// each weight block is unpacked once for the R rows of x, each block of x loaded once for the C
-// weight rows, and the R * C accumulators are independent chains (one row of x against one
-// weight row would wait on a single fused multiply-add chain every block).
-template <int T, int R, int C>
-void dot_rows(const uint8_t* w, int64_t row_bytes, int64_t nb, const QuantizedX& qx, int64_t m0, int64_t K,
-              float* out, int64_t N, int64_t n0) {
-  const int8_t* xq[R];
-  const float *xd[R], *xds[R];
-  for (int r = 0; r < R; ++r) {
-    xq[r] = qx.q.data() + (m0 + r) * K;
-    xd[r] = qx.d.data() + (m0 + r) * nb;
-    xds[r] = qx.ds.data() + (m0 + r) * nb;
-  }
-  float off[R][C] = {};  // the Q4_0 / Q4_1 terms on sum(qx)
-#if defined(JAXLM_AVX2)
-  __m256 acc[R][C];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
-#else
-  float acc[R][C] = {};
-#endif
-  for (int64_t b = 0; b < nb; ++b) {
-    float dw[C], mw[C];
-#if defined(JAXLM_AVX2)
-    __m256i wv[C], wu[C];
-    for (int c = 0; c < C; ++c) {
-      // The next C rows' block at this offset: a stream that leaves L2 every call (the LM head,
-      // a decode step's every weight) ran at ~40% of the bandwidth on hardware prefetch alone.
-      _mm_prefetch(reinterpret_cast<const char*>(w + (n0 + C + c) * row_bytes) + b * block_bytes_of<T>(), _MM_HINT_T0);
-      load_block<T>(w + (n0 + c) * row_bytes, b, dw[c], mw[c], wv[c]);
-      // Q8_0's weights are signed: |w| against x with w's sign (llama.cpp's signed x signed).
-      wu[c] = T == kQ8_0 ? _mm256_sign_epi8(wv[c], wv[c]) : wv[c];
-    }
-    for (int r = 0; r < R; ++r) {
-      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[r] + b * kQK));
-      const float xdb = xd[r][b];
-      for (int c = 0; c < C; ++c) {
-        const __m256i xs = T == kQ8_0 ? _mm256_sign_epi8(xv, wv[c]) : xv;
-        const __m256 p = _mm256_cvtepi32_ps(dot_u8_i8(wu[c], xs));
-        acc[r][c] = _mm256_fmadd_ps(p, _mm256_set1_ps(dw[c] * xdb), acc[r][c]);
-        if constexpr (T != kQ8_0) off[r][c] += mw[c] * xds[r][b];
-      }
-    }
-#else
-    int wv[C][kQK];
-    for (int c = 0; c < C; ++c) load_block<T>(w + (n0 + c) * row_bytes, b, dw[c], mw[c], wv[c]);
-    for (int r = 0; r < R; ++r) {
-      const int8_t* xb = xq[r] + b * kQK;
-      for (int c = 0; c < C; ++c) {
-        int s = 0;
-        for (int j = 0; j < kQK; ++j) s += wv[c][j] * xb[j];
-        acc[r][c] += float(s) * dw[c] * xd[r][b];
-        if constexpr (T != kQ8_0) off[r][c] += mw[c] * xds[r][b];
-      }
-    }
-#endif
-  }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) {
-#if defined(JAXLM_AVX2)
-      out[(m0 + r) * N + n0 + c] = hsum(acc[r][c]) + off[r][c];
-#else
-      out[(m0 + r) * N + n0 + c] = acc[r][c] + off[r][c];
-#endif
-    }
-}
-
-// Weight rows n0 .. n1 for R rows of x from m0, kCols at a time.
-constexpr int kCols = 4;
-
-template <int T, int R>
-void rows_against_tile(const uint8_t* w, int64_t row_bytes, int64_t nb, const QuantizedX& qx, int64_t m0,
-                       int64_t K, float* out, int64_t N, int64_t n0, int64_t n1) {
-  int64_t n = n0;
-  for (; n + kCols <= n1; n += kCols) dot_rows<T, R, kCols>(w, row_bytes, nb, qx, m0, K, out, N, n);
-  for (; n < n1; ++n) dot_rows<T, R, 1>(w, row_bytes, nb, qx, m0, K, out, N, n);
-}
-
-template <int T>
-void matmul_tile(const uint8_t* w, int64_t row_bytes, const QuantizedX& qx, int64_t M, int64_t K, int64_t N,
-                 int64_t n0, int64_t n1, float* out) {
-  int64_t m = 0;
-  if constexpr (is_kquant(T)) {
-    for (; m + kRowsM <= M; m += kRowsM)
-      for (int64_t n = n0; n < n1; ++n) dot_row_k<T, kRowsM>(w + n * row_bytes, K / kQK_K, qx, m, K, out, N, n);
-    for (; m < M; ++m)
-      for (int64_t n = n0; n < n1; ++n) dot_row_k<T, 1>(w + n * row_bytes, K / kQK_K, qx, m, K, out, N, n);
-  } else {
-    const int64_t nb = K / kQK;
-    // Four rows of x against two weight rows at a time: 8 chains; fewer rows of x take four weight
-    // rows each.
-    for (; m + kRowsM <= M; m += kRowsM) {
-      int64_t n = n0;
-      for (; n + 2 <= n1; n += 2) dot_rows<T, kRowsM, 2>(w, row_bytes, nb, qx, m, K, out, N, n);
-      for (; n < n1; ++n) dot_rows<T, kRowsM, 1>(w, row_bytes, nb, qx, m, K, out, N, n);
-    }
-    for (; m < M; ++m) rows_against_tile<T, 1>(w, row_bytes, nb, qx, m, K, out, N, n0, n1);
-  }
-}
-
+#include "gguf_matmul_rows.h"
 #include "gguf_matmul_f32.h"
+#include "gguf_matmul_lanes.h"
 
 // Items [0, items) split over the caller and XLA's intra-op threads in chunks taken from a shared
 // counter (a pool thread that wakes late finds less, or nothing, to do instead of being waited
@@ -325,6 +189,24 @@ void parallel_for(ffi::ThreadPool& pool, int64_t items, int64_t work, std::funct
   take_chunks(*sp);
   while (sp->done.load(std::memory_order_acquire) < items) std::this_thread::yield();
 }
+
+#if defined(JAXLM_AVX2)
+// From this many rows of x the lanes path (gguf_matmul_lanes.h) beats a row at a time.
+constexpr int64_t kLanesMinRows = 4;
+
+template <int T, class V>
+void lanes_all(ffi::ThreadPool& pool, const uint8_t* w, int64_t row_bytes, const QuantizedX& qx, int64_t M,
+               int64_t K, int64_t N, float* out) {
+  LaneX lx;
+  size_lanes(M, K, V::L, lx);
+  parallel_for(pool, lx.groups, M * K * 8, [&](int64_t g0, int64_t g1) {
+    pack_lanes(qx, M, K, V::L, int_bias<T, V>(), g0, g1, lx);
+  });
+  parallel_for(pool, (N + kTileN - 1) / kTileN, M * N * K, [&](int64_t t0, int64_t t1) {
+    lanes_tile<T, V>(w, row_bytes, lx, M, K, N, t0 * kTileN, std::min(N, t1 * kTileN), out);
+  });
+}
+#endif
 
 // Calls f(std::integral_constant<int, T>{}) for kernel type qtype; false for any other type.
 template <typename F>
@@ -396,8 +278,19 @@ ffi::Error GgufMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
   qx.ds.resize(M * K / kQK);
   parallel_for(pool, M, M * K * 8, [&](int64_t m0, int64_t m1) { quantize_rows(xp, K, m0, m1, qx); });
   with_type(qtype, [&](auto t) {
+    constexpr int T = decltype(t)::value;
+#if defined(JAXLM_AVX2)
+    if constexpr (has_lanes<T>()) {
+      if (M >= kLanesMinRows) {
+#if defined(JAXLM_LANES16)
+        if (M > Lanes8::L) return lanes_all<T, Lanes16>(pool, wp, row_bytes, qx, M, K, N, o);
+#endif
+        return lanes_all<T, Lanes8>(pool, wp, row_bytes, qx, M, K, N, o);
+      }
+    }
+#endif
     parallel_for(pool, tiles, M * N * K, [&](int64_t t0, int64_t t1) {
-      matmul_tile<decltype(t)::value>(wp, row_bytes, qx, M, K, N, t0 * kTileN, std::min(N, t1 * kTileN), o);
+      matmul_tile<T>(wp, row_bytes, qx, M, K, N, t0 * kTileN, std::min(N, t1 * kTileN), o);
     });
   });
   return ffi::Error::Success();

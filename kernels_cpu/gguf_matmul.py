@@ -27,9 +27,13 @@ GGUF_KERNEL_TYPES = {
 QK = 32
 
 
-# From this many rows of x on, the kernel dequantizes tiles of W to f32 and multiplies in f32
-# (prefill); below, it rounds x to int8 per block and takes integer dot products (decode).
-F32_MIN_ROWS = 32
+# From this many rows of x on, the kernel dequantizes tiles of W to f32 and multiplies in f32, and
+# the model (jaxlm/models/quantization/gguf.py) uses XLA's dot on W dequantized in XLA instead;
+# below, the kernel rounds x to int8 per block and takes integer dot products. With rows of x in
+# vector lanes the integer path measured 1.6-10x faster than XLA's dot on dequantized W at
+# 16-256 rows, 1.1-3.4x at 512 and 0.98-1.9x at 1024 (SmolLM2's shapes, Xeon with AVX512-VNNI; docs/PERF_NOTES.md,
+# session 12), so prefill chunks up to 512 tokens take it too.
+F32_MIN_ROWS = 1024
 
 
 def gguf_matmul_cpu(x: jax.Array, w: jax.Array, qtype: int, *, f32_min_rows: int = F32_MIN_ROWS) -> jax.Array:

@@ -29,8 +29,13 @@ from tests.helpers.kquants import quantize_kquant
 
 # (M rows, N outputs, K inputs): 1-64 rows, N not a multiple of 8 or of the kernel's tile of 16,
 # K from one block to SmolLM2's 1536 (K-quants: one to six super-blocks of 256).
-SHAPES = [(1, 7, 32), (3, 37, 96), (4, 45, 576), (5, 100, 1536), (17, 21, 64), (64, 33, 160)]
-SHAPES_K = [(1, 7, 256), (3, 37, 512), (4, 45, 768), (5, 100, 1536), (17, 21, 256), (64, 33, 512)]
+# From 4 rows the few-rows path puts rows of x in vector lanes (8 or 16 a group, the last padded)
+# against 4 or 8 weight rows at a time: 8, 9, 16 and 31 rows cover whole, barely spilled and
+# padded groups, with N not a multiple of those.
+SHAPES = [(1, 7, 32), (3, 37, 96), (4, 45, 576), (5, 100, 1536), (8, 13, 64), (9, 3, 32), (16, 19, 96),
+          (17, 21, 64), (31, 11, 128), (64, 33, 160)]
+SHAPES_K = [(1, 7, 256), (3, 37, 512), (4, 45, 768), (5, 100, 1536), (8, 13, 256), (16, 19, 256),
+            (17, 21, 256), (31, 11, 512), (64, 33, 512)]
 K_TYPES = (12, 13, 14)
 # Byte offsets of each K-quant's f16 scales in its super-block: d, dmin (Q4_K, Q5_K), d (Q6_K).
 _F16_AT = {12: (0, 2), 13: (0, 2), 14: (208,)}
@@ -127,27 +132,41 @@ def test_kquant_encoder_round_trips(qtype):
         quantize_kquant(w[:, :320], gguf.GGMLQuantizationType(qtype))
 
 
-def test_generic_fallback_matches_reference(tmp_path):
-    """The plain C++ path (no AVX2), built for a baseline x86-64 in a fresh process (a process
-    registers one library per target)."""
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return set(next((line for line in f if line.startswith("flags")), "").split())
+    except OSError:
+        return set()
+
+
+# -march=x86-64: the plain C++ path (no AVX2). haswell: AVX2 without AVX-512 or VNNI (the AVX2
+# machines' build): maddubs for the integer dots, 4 weight rows a pass, Q8_0's sign trick.
+@pytest.mark.parametrize("march", ["x86-64", "haswell"])
+def test_other_builds_match_reference(tmp_path, march):
+    """The kernel built for another CPU than this one, in a fresh process (a process registers
+    one library per target): 5 rows (a group of 8 lanes) and 16 (two of them)."""
     import platform
 
     if platform.machine() not in ("x86_64", "AMD64"):
-        pytest.skip(f"the generic build is forced with -march=x86-64; this is {platform.machine()}")
+        pytest.skip(f"the builds are forced with -march={march}; this is {platform.machine()}")
+    if march == "haswell" and not {"avx2", "fma", "f16c"} <= _cpu_flags():
+        pytest.skip("this CPU cannot run a -march=haswell build (no AVX2, FMA or F16C)")
     code = f"""
 import numpy as np, jax.numpy as jnp
 from kernels_cpu import build, gguf_matmul_cpu
 from kernels_cpu.gguf_matmul import gguf_matmul_reference
 import tests.kernels_cpu.test_gguf_matmul as t
-build._COMPILE = [f if f != "-march=native" else "-march=x86-64" for f in build._COMPILE]
+build._COMPILE = [f if f != "-march=native" else "-march={march}" for f in build._COMPILE]
 build.load_cpu_kernels({str(tmp_path)!r})
 rng = np.random.default_rng(0)
 for qtype in (2, 3, 8, 12, 13, 14):
-    x, w = t._case(rng, qtype, 5, 19, 512 if qtype in t.K_TYPES else 96)
-    for rows, quantize_x in ((0, True), (1, False)):  # the int8 path, the f32 path
-        out = np.asarray(gguf_matmul_cpu(jnp.asarray(x), jnp.asarray(w), qtype, f32_min_rows=rows))
-        exact = gguf_matmul_reference(x, w, qtype, quantize_x=quantize_x)
-        np.testing.assert_allclose(out, exact, rtol=0, atol=1e-5 * np.abs(exact).max())
+    for m in (5, 16):
+        x, w = t._case(rng, qtype, m, 19, 512 if qtype in t.K_TYPES else 96)
+        for rows, quantize_x in ((0, True), (1, False)):  # the int8 path, the f32 path
+            out = np.asarray(gguf_matmul_cpu(jnp.asarray(x), jnp.asarray(w), qtype, f32_min_rows=rows))
+            exact = gguf_matmul_reference(x, w, qtype, quantize_x=quantize_x)
+            np.testing.assert_allclose(out, exact, rtol=0, atol=1e-5 * np.abs(exact).max())
 print("ok")
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)

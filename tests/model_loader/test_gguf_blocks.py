@@ -6,11 +6,11 @@ A tiny Llama (tied embedding, so the LM head runs through the kernel too) is wri
 (Q4_K, Q5_K and Q6_K Linears, a Q6_K embedding and LM head, one Q8_0 Linear: the shape of
 llama.cpp's Q4_K_M files; the blocks by tests/helpers/kquants.py, since the gguf package cannot
 write K-quants). Both models run the same teacher-forced
-tokens: a prefill of three prompts in one 48-token step (many rows: XLA's dot on the weight
-dequantized in XLA), then 20 decode steps of 4 rows (the C++ kernel: activations rounded to int8
-per block of 32, as llama.cpp does). Tolerances, as fractions of the float model's logit range at a position:
-  * prefill: within 1e-4 (seen: <= 1.1e-6: the same dot on the same float weights);
-  * decode: within 5% (seen: <= 3.5%, K-quants 2.9%); next-token top-1 agrees at >= 99% of the positions whose
+tokens: a prefill of three prompts in one 40-token step, then 20 decode steps of 4 rows, both
+through the C++ kernel (activations rounded to int8 per block of 32, as llama.cpp does; below
+F32_MIN_ROWS rows; the XLA branch from there is test_product_branches). Tolerances, as fractions
+of the float model's logit range at a position:
+  * within 5% (seen: <= 3.5%, K-quants 2.9%); next-token top-1 agrees at >= 99% of the positions whose
     float top-1 leads the runner-up by more than 5% of the range (seen: 100%) and at >= 90% of
     all (seen: 97-100%: a random model's top two logits are often nearly tied, and int8 rounding
     moves logits by ~1% of the range; the trained default model agrees at 99%+,
@@ -27,11 +27,15 @@ import pytest
 import transformers
 from flax import nnx
 
+import jax
+import jax.numpy as jnp
 from gguf_writer import write_gguf
 from jaxlm.attention.backends import cpu_kernels_unavailable, get_attention_backend
 from jaxlm.config import LoadConfig, ModelConfig
 from jaxlm.model_loader import get_model, resolve_model_config
 from jaxlm.models import get_model_architecture
+from jaxlm.models.quantization.gguf import gguf_product
+from kernels_cpu.gguf_matmul import F32_MIN_ROWS, gguf_matmul_reference
 from tests.models._parity import JaxRunner
 
 _Q = gguf.GGMLQuantizationType
@@ -113,7 +117,7 @@ def test_blocks_match_dequantized_model(request, tmp_path, quant):
     n_prefill = sum(map(len, prompts))
     spread = want.max(-1, keepdims=True) - want.min(-1, keepdims=True)
     rel = np.abs(got - want) / spread
-    assert rel[:n_prefill].max() <= 1e-4, f"prefill logits differ by {rel[:n_prefill].max():.2e} of their range"
+    assert rel[:n_prefill].max() <= 0.05, f"prefill logits differ by {rel[:n_prefill].max():.2%} of their range"
     assert rel[n_prefill:].max() <= 0.05, f"decode logits differ by {rel[n_prefill:].max():.2%} of their range"
     top2 = np.sort(want, -1)[:, -2:]
     decided = (top2[:, 1] - top2[:, 0]) > 0.05 * spread[:, 0]
@@ -121,6 +125,19 @@ def test_blocks_match_dequantized_model(request, tmp_path, quant):
     assert decided.sum() >= len(want) // 4, "the test model should decide many positions clearly"
     assert same[decided].mean() >= 0.99, f"top-1 agrees on {same[decided].mean():.1%} of {decided.sum()} decided positions"
     assert same.mean() >= 0.90, f"top-1 agrees on {same.mean():.1%} of {len(same)} positions"
+
+
+@pytest.mark.parametrize("rows", [F32_MIN_ROWS - 1, F32_MIN_ROWS])
+def test_product_branches(rows):
+    """gguf_product: below F32_MIN_ROWS rows the kernel on x rounded to int8 per block, from there
+    XLA's dot on W dequantized in XLA with x as given; each within 1e-5 of the largest |output|
+    of the NumPy oracle fed the x its branch sees (the other branch's x misses by ~1%)."""
+    rng = np.random.default_rng(rows)
+    x = rng.standard_normal((rows, 64)).astype(np.float32)
+    w = gguf.quants.quantize(rng.standard_normal((9, 64)).astype(np.float32), _Q.Q4_1)
+    out = np.asarray(jax.jit(gguf_product, static_argnums=2)(jnp.asarray(x), jnp.asarray(w), int(_Q.Q4_1)))
+    want = gguf_matmul_reference(x, w, int(_Q.Q4_1), quantize_x=rows < F32_MIN_ROWS)
+    np.testing.assert_allclose(out, want, rtol=0, atol=1e-5 * np.abs(want).max())
 
 
 def test_type_without_kernel_is_dequantized_with_one_log_line(tiny_tied, tmp_path, caplog):

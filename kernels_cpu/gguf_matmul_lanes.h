@@ -1,0 +1,241 @@
+// gguf_matmul.cc's integer path for several rows of x (kLanesMinRows .. f32_min_rows - 1, batched
+// decode): a part of that file, included once inside its anonymous namespace after the block
+// types, QuantizedX, nibbles and gguf_kquants.h. kernels_cpu/build.py hashes it with the sources.
+//
+// Rows of x in vector lanes. The row-at-a-time kernel (dot_rows) spends, per 32 multiply-adds of
+// one block, a dot product, a conversion, a scalar scale product and broadcast, an FMA and a
+// horizontal sum at the end: ~6 instructions per 32 MACs, which at 16 rows ran no faster than
+// XLA's f32 dot. Here x is packed so one vector holds 4 consecutive int8 of L rows ([block][k/4]
+// [row][4]); a weight row's 4 bytes are broadcast against it, so one dpbusd does 4 k of L rows
+// and its lane r is row r's dot product, finished after the block's 8 steps: no horizontal sums,
+// and the block's scale work (d_w d_x, the min's d_x sum(q_x)) is one vector op per weight row
+// for all L rows. The weight rows are unpacked once per tile of kLaneCols rows (nibbles to bytes,
+// scales to float) and reused by every group of L rows.
+// Offsets that are integers go into the integer accumulator's start: Q4_0's q - 8 is
+// -8 sum(q_x), and Q8_0's signed q is q + 128 (unsigned, as dpbusd wants) less 128 sum(q_x).
+// Without VNNI (maddubs, whose pair sums saturate at 16 bits) Q8_0 keeps the sign trick instead.
+
+#if defined(JAXLM_AVX2)
+
+struct Lanes8 {  // 8 rows of x, 256-bit vectors
+  static constexpr int L = 8;
+  using I = __m256i;
+  using F = __m256;
+#if defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__))
+  static constexpr bool kVnni = true;
+#else
+  static constexpr bool kVnni = false;
+#endif
+  static I load(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  static I bcast(const uint8_t* p) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+  }
+  static I dot(I acc, I u, I s) {
+#if defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(acc, u, s);
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(acc, u, s);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+#endif
+  }
+  static I abs8(I v) { return _mm256_abs_epi8(v); }
+  static I sign8(I x, I w) { return _mm256_sign_epi8(x, w); }
+  static I zeroi() { return _mm256_setzero_si256(); }
+  static F zerof() { return _mm256_setzero_ps(); }
+  static F loadf(const float* p) { return _mm256_loadu_ps(p); }
+  static F set1(float v) { return _mm256_set1_ps(v); }
+  static F cvt(I v) { return _mm256_cvtepi32_ps(v); }
+  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static void storef(float* p, F v) { _mm256_storeu_ps(p, v); }
+};
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define JAXLM_LANES16 1
+struct Lanes16 {  // 16 rows of x, 512-bit vectors: one dpbusd is 64 MACs
+  static constexpr int L = 16;
+  using I = __m512i;
+  using F = __m512;
+  static constexpr bool kVnni = true;
+  static I load(const void* p) { return _mm512_loadu_si512(p); }
+  static I bcast(const uint8_t* p) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+  }
+  static I dot(I acc, I u, I s) { return _mm512_dpbusd_epi32(acc, u, s); }
+  static I abs8(I v) { return _mm512_abs_epi8(v); }
+  static I sign8(I x, I) { return x; }  // never called: kVnni
+  static I zeroi() { return _mm512_setzero_si512(); }
+  static F zerof() { return _mm512_setzero_ps(); }
+  static F loadf(const float* p) { return _mm512_loadu_ps(p); }
+  static F set1(float v) { return _mm512_set1_ps(v); }
+  static F cvt(I v) { return _mm512_cvtepi32_ps(v); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static void storef(float* p, F v) { _mm512_storeu_ps(p, v); }
+};
+#endif
+
+// Weight rows per pass: kLaneCols integer and kLaneCols float accumulators, independent chains enough to
+// cover dpbusd's latency; AVX2 alone has 16 vector registers, so half as many there.
+#if defined(__AVX512F__)
+constexpr int kLaneCols = 8;
+#else
+constexpr int kLaneCols = 4;
+#endif
+
+template <int T>
+constexpr bool has_min() {  // a float offset per block: Q4_1's m, Q4_K / Q5_K's -dmin * m
+  return T == kQ4_1 || T == kQ4_K || T == kQ5_K;
+}
+template <int T, class V>
+constexpr bool sign_trick() {  // Q8_0's signed bytes without VNNI
+  return T == kQ8_0 && !V::kVnni;
+}
+template <int T, class V>
+constexpr int32_t int_bias() {  // w = d (u - bias) with u the unpacked unsigned byte
+  return T == kQ4_0 ? 8 : (T == kQ8_0 && !sign_trick<T, V>()) ? 128 : 0;
+}
+
+// x for the lanes path: groups of L rows (the last padded with zero rows).
+struct LaneX {
+  int64_t groups = 0;
+  std::vector<int8_t> q;        // [group][block][k/4][L][4]
+  std::vector<float> d, ds;     // [group][block][L]: d_x, d_x sum(q_x)
+  std::vector<int32_t> init;    // [group][block][L]: -bias sum(q_x)
+};
+
+void size_lanes(int64_t M, int64_t K, int L, LaneX& lx) {
+  const int64_t nb = K / kQK;
+  lx.groups = (M + L - 1) / L;
+  lx.q.assign(lx.groups * nb * kQK * L, 0);
+  lx.d.assign(lx.groups * nb * L, 0.0f);
+  lx.ds.assign(lx.groups * nb * L, 0.0f);
+  lx.init.assign(lx.groups * nb * L, 0);
+}
+
+// Groups g0 .. g1 of x (sized by size_lanes) from its rows rounded a row at a time.
+void pack_lanes(const QuantizedX& qx, int64_t M, int64_t K, int L, int32_t bias, int64_t g0, int64_t g1, LaneX& lx) {
+  const int64_t nb = K / kQK;
+  for (int64_t m = g0 * L; m < std::min(M, g1 * L); ++m) {
+    const int64_t g = m / L, r = m % L;
+    for (int64_t b = 0; b < nb; ++b) {
+      const int8_t* src = qx.q.data() + m * K + b * kQK;
+      int8_t* dst = lx.q.data() + (g * nb + b) * kQK * L + r * 4;
+      int32_t sum = 0;
+      for (int k4 = 0; k4 < kQK / 4; ++k4) std::memcpy(dst + k4 * 4 * L, src + 4 * k4, 4);
+      for (int j = 0; j < kQK; ++j) sum += src[j];
+      const int64_t at = (g * nb + b) * L + r;
+      lx.d[at] = qx.d[m * nb + b];
+      lx.ds[at] = qx.ds[m * nb + b];
+      lx.init[at] = -bias * sum;
+    }
+  }
+}
+
+// kLaneCols weight rows from n (rows at or past n1 zero) as unsigned bytes u [kLaneCols][K] and per block
+// of 32 their scale dw and float offset mw, [block][kLaneCols].
+template <int T, class V>
+void unpack_cols(const uint8_t* w, int64_t row_bytes, int64_t K, int64_t n, int64_t n1, uint8_t* u, float* dw,
+                 float* mw) {
+  const int64_t nb = K / kQK;
+  for (int c = 0; c < kLaneCols; ++c) {
+    uint8_t* uc = u + c * K;
+    if (n + c >= n1) {
+      std::memset(uc, 0, K);
+      for (int64_t b = 0; b < nb; ++b) dw[b * kLaneCols + c] = mw[b * kLaneCols + c] = 0.0f;
+      continue;
+    }
+    const uint8_t* wrow = w + (n + c) * row_bytes;
+    if constexpr (is_kquant(T)) {  // Q4_K / Q5_K: a sub-block of 32 is a block here
+      using B = typename KBlock<T>::type;
+      float dsc[16], dmn[8];
+      for (int64_t s = 0; s < K / kQK_K; ++s) {
+        const B& blk = reinterpret_cast<const B*>(wrow)[s];
+        scales_mins(blk, dsc, dmn);
+        for (int j = 0; j < 8; ++j) {
+          const int64_t b = s * 8 + j;
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(uc + b * kQK), kquant_bytes<T>(blk, j));
+          dw[b * kLaneCols + c] = dsc[j], mw[b * kLaneCols + c] = -dmn[j];
+        }
+      }
+    } else {
+      for (int64_t b = 0; b < nb; ++b) {
+        float d, m;
+        __m256i v;
+        load_block<T>(wrow, b, d, m, v);
+        if constexpr (T == kQ8_0 && !sign_trick<T, V>()) v = _mm256_xor_si256(v, _mm256_set1_epi8(char(0x80)));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(uc + b * kQK), v);
+        dw[b * kLaneCols + c] = d, mw[b * kLaneCols + c] = has_min<T>() ? m : 0.0f;
+      }
+    }
+  }
+}
+
+// res [kLaneCols][L]: the unpacked weight rows against one group of L rows of x.
+template <int T, class V>
+void lanes_dot(const uint8_t* u, const float* dw, const float* mw, int64_t K, const int8_t* xq, const float* xd,
+               const float* xds, const int32_t* xinit, float* res) {
+  constexpr int L = V::L;
+  const int64_t nb = K / kQK;
+  typename V::F facc[kLaneCols];
+  for (int c = 0; c < kLaneCols; ++c) facc[c] = V::zerof();
+  for (int64_t b = 0; b < nb; ++b) {
+    typename V::I iacc[kLaneCols];
+    const typename V::I start = int_bias<T, V>() != 0 ? V::load(xinit + b * L) : V::zeroi();
+    for (int c = 0; c < kLaneCols; ++c) iacc[c] = start;
+    const int8_t* xb = xq + b * kQK * L;
+    const uint8_t* ub = u + b * kQK;
+    for (int k4 = 0; k4 < kQK / 4; ++k4) {
+      const typename V::I xv = V::load(xb + k4 * 4 * L);
+      for (int c = 0; c < kLaneCols; ++c) {
+        const typename V::I wv = V::bcast(ub + c * K + 4 * k4);
+        if constexpr (sign_trick<T, V>())
+          iacc[c] = V::dot(iacc[c], V::abs8(wv), V::sign8(xv, wv));
+        else
+          iacc[c] = V::dot(iacc[c], wv, xv);
+      }
+    }
+    const typename V::F dx = V::loadf(xd + b * L);
+    for (int c = 0; c < kLaneCols; ++c)
+      facc[c] = V::fma(V::cvt(iacc[c]), V::mul(V::set1(dw[b * kLaneCols + c]), dx), facc[c]);
+    if constexpr (has_min<T>()) {
+      const typename V::F dsx = V::loadf(xds + b * L);
+      for (int c = 0; c < kLaneCols; ++c) facc[c] = V::fma(V::set1(mw[b * kLaneCols + c]), dsx, facc[c]);
+    }
+  }
+  for (int c = 0; c < kLaneCols; ++c) V::storef(res + c * L, facc[c]);
+}
+
+template <int T>
+constexpr bool has_lanes() {
+  return T == kQ8_0 || T == kQ4_0 || T == kQ4_1 || T == kQ4_K || T == kQ5_K;
+}
+
+// out [M, N] columns n0 .. n1: kLaneCols weight rows at a time, unpacked once, against every group.
+template <int T, class V>
+void lanes_tile(const uint8_t* w, int64_t row_bytes, const LaneX& lx, int64_t M, int64_t K, int64_t N, int64_t n0,
+                int64_t n1, float* out) {
+  constexpr int L = V::L;
+  const int64_t nb = K / kQK;
+  std::vector<uint8_t> u(kLaneCols * K);
+  std::vector<float> dw(nb * kLaneCols), mw(nb * kLaneCols);
+  alignas(64) float res[kLaneCols * L];
+  for (int64_t n = n0; n < n1; n += kLaneCols) {
+    unpack_cols<T, V>(w, row_bytes, K, n, n1, u.data(), dw.data(), mw.data());
+    for (int64_t g = 0; g < lx.groups; ++g) {
+      const int64_t at = g * nb * L;
+      lanes_dot<T, V>(u.data(), dw.data(), mw.data(), K, lx.q.data() + at * kQK, lx.d.data() + at,
+                      lx.ds.data() + at, lx.init.data() + at, res);
+      const int64_t rows = std::min<int64_t>(L, M - g * L), cols = std::min<int64_t>(kLaneCols, n1 - n);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) out[(g * L + r) * N + n + c] = res[c * L + r];
+    }
+  }
+}
+
+#endif  // JAXLM_AVX2
