@@ -236,3 +236,25 @@ def test_kquant_rows_not_whole_super_blocks_are_refused():
 
     with pytest.raises(CorruptCheckpointError, match=r"'blk\.0\.ffn_down\.weight' .*not whole Q4_K blocks of 256"):
         _blocks(_File(), GGUFTensorInfo("blk.0.ffn_down.weight", (256, 320), 12, 0, 0))
+
+
+def test_accelerator_plan_keeps_blocks_and_matches_the_dequantized_model(tiny_tied, tmp_path, monkeypatch):
+    """Off XLA:CPU (the accelerator's plan, forced here) the blocks are kept with no C++ kernel:
+    each product dequantizes them in XLA, so the logits equal the dequantized model's within
+    1e-5 of their range (the same f32 weights; only the order of XLA's sums differs)."""
+    from jaxlm.models.quantization import gguf as gguf_quant
+
+    cfg = transformers.AutoConfig.from_pretrained(tiny_tied)
+    path = str(tmp_path / "tiny-Q4_1.gguf")
+    write_gguf(tiny_tied, path, cfg, _Q.Q4_1)
+    monkeypatch.setattr(gguf_quant, "_block_plan_here", lambda: gguf_quant.block_plan("gpu", None))
+    blocks, hf_cfg = _load(path, "gguf")
+    floats, _ = _load(path, "none")
+    q_proj = blocks.model.layers[0].self_attn.q_proj
+    assert q_proj.qweight[...].dtype == np.uint8 and not q_proj.quant_method.cpu_kernel
+    assert "dequantized in each product" in blocks.quant_config.describe()
+    prompts, follow = [[5, 6, 7, 8, 9, 10, 11], [40, 41, 300, 7]], [[12, 13], [14, 15]]
+    got = _teacher_forced(blocks, hf_cfg, prompts, follow)
+    want = _teacher_forced(floats, hf_cfg, prompts, follow)
+    spread = want.max(-1, keepdims=True) - want.min(-1, keepdims=True)
+    assert (np.abs(got - want) / spread).max() <= 1e-5

@@ -11,8 +11,9 @@ in XLA from there (``gguf_product``); the
 embedding gathers its rows' blocks and dequantizes them in XLA, and a tied LM head goes through
 the same product. Any other type (Q5_0,
 Q2_K, F16, ...) has no kernel: the loader dequantizes it to float at load (one log line names them).
-Without the C++ kernels (no compiler, or not XLA:CPU) every tensor is dequantized, as with
-``--quantization none``.
+Without the C++ kernels on CPU (no compiler) every tensor is dequantized at load, as with
+``--quantization none``; on an accelerator the blocks are kept and each product dequantizes them
+in XLA (``block_plan``).
 """
 
 from __future__ import annotations
@@ -34,21 +35,31 @@ from kernels_cpu.gguf_matmul import F32_MIN_ROWS, GGUF_KERNEL_TYPES, gguf_dequan
 logger = logging.getLogger(__name__)
 
 
+def block_plan(platform: str, why_no_cpu_kernels: str | None) -> tuple[frozenset[int], bool]:
+    """(the GGML types kept in blocks, whether their products are the C++ kernels) on
+    ``platform``. XLA:CPU with the kernels built: every kernel type, through the kernels. Without
+    them on CPU: none (XLA:CPU dequantizing every weight each step streams 5x float's bytes,
+    docs/PERF_NOTES.md, session 9; dequantized at load instead). On an accelerator: every kernel
+    type, each product dequantizing its blocks in XLA (a convert XLA fuses into the dot there)."""
+    if platform != "cpu":
+        return frozenset(GGUF_KERNEL_TYPES), False
+    if why_no_cpu_kernels:
+        return frozenset(), False
+    return frozenset(GGUF_KERNEL_TYPES), True
+
+
 @functools.lru_cache(maxsize=None)
-def _kernel_types_here() -> frozenset[int]:
-    """The GGML types this process multiplies in their blocks: all kernel types when the C++
-    kernels build and the platform is XLA:CPU, else none (asked once per process)."""
+def _block_plan_here() -> tuple[frozenset[int], bool]:
+    """block_plan for this process (asked once)."""
     from jaxlm.attention.backends import cpu_kernels_unavailable
 
     platform = jax.default_backend()
-    if platform != "cpu":
-        logger.warning("GGUF: the block kernels run on XLA:CPU only; on %s the weights are dequantized", platform)
-        return frozenset()
-    why = cpu_kernels_unavailable()
+    why = cpu_kernels_unavailable() if platform == "cpu" else None
     if why:
         logger.warning("GGUF: no C++ kernels here (%s): the weights are dequantized at load", why)
-        return frozenset()
-    return frozenset(GGUF_KERNEL_TYPES)
+    elif platform != "cpu":
+        logger.info("GGUF on %s: the blocks are kept, each product dequantizes them in XLA", platform)
+    return block_plan(platform, why)
 
 
 def _blocks_param(rngs: nnx.Rngs, rows: int, k: int, qtype: int, spec: tuple[str | None, ...]) -> nnx.Param:
@@ -66,18 +77,20 @@ def _check_whole_blocks(name: str, k: int, qtype: int) -> None:
                          "file, or a config that does not match it)")
 
 
-def gguf_product(x: jax.Array, qweight: jax.Array, qtype: int) -> jax.Array:
-    """x [..., K] @ W^T -> [..., N] f32, W in blocks. Below F32_MIN_ROWS rows: the C++ kernel
-    on int8 activations (as llama.cpp does at any batch), streaming the blocks for one row and
-    with rows in vector lanes from 4, measured 1.1-10x faster than the branch below at 16-512 rows
-    (docs/PERF_NOTES.md, session 12). From F32_MIN_ROWS: XLA's dot on W dequantized in XLA, x
-    as given; the kernel's own f32 tiles measured 2-2.7x slower than XLA's dot at 512 rows
-    (session 9)."""
+def gguf_product(x: jax.Array, qweight: jax.Array, qtype: int, cpu_kernel: bool = True) -> jax.Array:
+    """x [..., K] @ W^T -> [..., N] f32, W in blocks. With the C++ kernels (cpu_kernel), below
+    F32_MIN_ROWS rows: the kernel on int8 activations (as llama.cpp does at any batch), streaming
+    the blocks for one row and with rows in vector lanes from 4, measured 1.1-10x faster than the
+    branch below at 16-512 rows (docs/PERF_NOTES.md, session 12). From F32_MIN_ROWS, or without
+    the kernels (an accelerator): XLA's dot on W dequantized in XLA, x as given (off CPU W in x's
+    dtype, so a bf16 model's product stays a bf16 dot with the convert fused into it); the
+    kernel's own f32 tiles measured 2-2.7x slower than XLA's dot at 512 rows (session 9)."""
     rows = math.prod(x.shape[:-1])
-    if rows < F32_MIN_ROWS:
+    if cpu_kernel and rows < F32_MIN_ROWS:
         return gguf_matmul_cpu(x, qweight, qtype, f32_min_rows=0)
     w = gguf_dequantize_rows(qweight, qtype)
-    return jax.lax.dot_general(x.astype(jnp.float32), w, (((x.ndim - 1,), (1,)), ((), ())),
+    x = x.astype(jnp.float32) if cpu_kernel else x
+    return jax.lax.dot_general(x, w.astype(x.dtype), (((x.ndim - 1,), (1,)), ((), ())),
                                preferred_element_type=jnp.float32)
 
 
@@ -93,6 +106,7 @@ class GGUFLinearMethod(LinearMethodBase):
     is the C++ kernel (rows of x rounded to int8 per block of 32 inside, as llama.cpp does)."""
 
     qtype: int
+    cpu_kernel: bool = True
     param_names = ("qweight",)
 
     def create_weights(self, layer: nnx.Module, rngs: nnx.Rngs) -> None:
@@ -106,7 +120,7 @@ class GGUFLinearMethod(LinearMethodBase):
         return _blocks_target(layer, prefix)
 
     def apply(self, layer: nnx.Module, x: jax.Array) -> jax.Array:
-        return gguf_product(x, layer.qweight[...], self.qtype).astype(x.dtype)
+        return gguf_product(x, layer.qweight[...], self.qtype, self.cpu_kernel).astype(x.dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +129,7 @@ class GGUFEmbeddingMethod(QuantizeMethodBase):
     the rows' blocks and dequantizes them in XLA; the tied LM head is the C++ kernel."""
 
     qtype: int
+    cpu_kernel: bool = True
     param_names = ("qweight",)
 
     def create_weights(self, layer: nnx.Module, rngs: nnx.Rngs) -> None:
@@ -129,16 +144,18 @@ class GGUFEmbeddingMethod(QuantizeMethodBase):
         return gguf_dequantize_rows(rows, self.qtype).astype(layer.dtype)
 
     def attend(self, layer: nnx.Module, x: jax.Array) -> jax.Array:
-        return gguf_product(x, layer.qweight[...], self.qtype)
+        return gguf_product(x, layer.qweight[...], self.qtype, self.cpu_kernel)
 
 
 @dataclasses.dataclass(frozen=True)
 class GGUFConfig(QuantizationConfig):
     """``tensor_types``: (HF tensor name, GGML type) of the file's tensors; ``kernel_types``: the
-    types kept in blocks here (empty: everything dequantized)."""
+    types kept in blocks here (empty: everything dequantized); ``cpu_kernels``: their products are
+    the C++ kernels (else XLA dequantizes the blocks inside each product: off XLA:CPU)."""
 
     tensor_types: tuple[tuple[str, int], ...] = ()
     kernel_types: frozenset[int] = frozenset()
+    cpu_kernels: bool = True
     quantizes_embeddings = True
 
     @classmethod
@@ -148,7 +165,8 @@ class GGUFConfig(QuantizationConfig):
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> GGUFConfig:
         types = config.get("tensor_types") or {}
-        return cls(tuple(sorted((str(k), int(v)) for k, v in types.items())), _kernel_types_here())
+        kept, cpu_kernels = _block_plan_here()
+        return cls(tuple(sorted((str(k), int(v)) for k, v in types.items())), kept, cpu_kernels)
 
     def get_quant_method(self, layer: nnx.Module, prefix: str) -> QuantizeMethodBase | None:
         from jaxlm.models.layers import Embedding, Linear
@@ -158,10 +176,10 @@ class GGUFConfig(QuantizationConfig):
             return None  # float: the loader dequantizes it
         if isinstance(layer, Linear) and layer.kv_repeat is None:
             _check_whole_blocks(f"{prefix}.weight", layer.in_features, qtype)
-            return GGUFLinearMethod(qtype)
+            return GGUFLinearMethod(qtype, self.cpu_kernels)
         if isinstance(layer, Embedding):
             _check_whole_blocks(f"{prefix}.weight", layer.dim, qtype)
-            return GGUFEmbeddingMethod(qtype)
+            return GGUFEmbeddingMethod(qtype, self.cpu_kernels)
         return None
 
     def describe(self) -> str:
@@ -169,7 +187,8 @@ class GGUFConfig(QuantizationConfig):
         for _, t in self.tensor_types:
             if t in self.kernel_types:
                 kept[GGUF_KERNEL_TYPES[t].name] = kept.get(GGUF_KERNEL_TYPES[t].name, 0) + 1
-        return "gguf (" + (", ".join(f"{n} x{c}" for n, c in sorted(kept.items())) or "no tensors") + " in blocks)"
+        where = "" if self.cpu_kernels or not kept else ", dequantized in each product"
+        return "gguf (" + (", ".join(f"{n} x{c}" for n, c in sorted(kept.items())) or "no tensors") + f" in blocks{where})"
 
 
 def gguf_block_names(model: nnx.Module) -> frozenset[str]:
