@@ -249,7 +249,7 @@ void attend_head_fp8(const Args& a, int64_t t, int64_t h, std::vector<float>& sc
 template <typename KV, int kD>
 void attend_head(const Args& a, int64_t t, int64_t h, std::vector<float>& scratch) {
   if constexpr (kIsFp8<KV>) {
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__F16C__) && defined(__AVX2__)
+#if defined(JAXLM_FP8_AVX512)
     if constexpr (kD > 0) return attend_head_fp8_512<KV, kD>(a, t, h, scratch);  // kD: 16..128
 #elif defined(__F16C__) && defined(__AVX2__)
     if constexpr (kD > 0 && kD % 16 == 0) return attend_head_fp8_fast<KV, kD>(a, t, h, scratch);

@@ -1,16 +1,18 @@
-// paged_decode.cc's fp8 path for AVX-512 (F + BW; head_dim 16, 32, 64 or 128): a part of that
+// paged_decode.cc's fp8 path for AVX-512 (F, BW, VL; head_dim 16, 32, 64 or 128): a part of that
 // file, included once inside its anonymous namespace after paged_decode_fp8_avx2.h, whose
-// Fp8Fast scale and page prefetch it shares (every AVX-512BW CPU has AVX2 and F16C).
-// kernels_cpu/build.py hashes it with the sources.
+// Fp8Fast scale it shares (every AVX-512BW CPU has AVX2 and F16C). kernels_cpu/build.py hashes
+// it with the sources.
 //
-// Why a second fast path: on a Xeon with AVX-512 the AVX2 one spent its time on instructions,
-// not memory (fp8 K/V read at 4 GB/s where float32's reached 9, PERF_NOTES session 12): eight
-// floats per conversion, three-uop hadds for every 8 scores, V re-read per 16 floats of the head.
-// Here a byte row becomes floats 16 at a time (a sign-extending load, one shift, one and, one
-// vcvtph2ps), a key's whole V row is used by up to 4 query heads from registers, and 16 keys'
-// dot products are summed across lanes by a 45-instruction tree.
+// Why a second fast path: on a Xeon with AVX-512 the AVX2 one was bound by instructions (fp8 K/V
+// read at 4.1 GB/s where float32's reached 9.3, PERF_NOTES session 12): 8 floats a conversion,
+// 3-uop hadds for every 8 scores, V re-read per 16 floats of the head, a scalar max and an 8-wide
+// exp in the softmax. Here a byte row becomes floats 16 at a time (a sign-extending load, a
+// shift, an and, vcvtph2ps), 16 keys' dot products are summed across lanes by one 45-instruction
+// tree, a page's V sums for up to 4 query heads stay in registers, the softmax is 16 wide, and a
+// work item may take all of a token's KV heads, reading each page as one block.
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__F16C__) && defined(__AVX2__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__F16C__) && defined(__AVX2__)
+#define JAXLM_FP8_AVX512 1  // attend_head takes attend_head_fp8_512
 // 16 fp8 bytes -> 16 floats / kScale (as load_row_fp8, but in order and 16 wide). e4m3fn: the byte
 // sign-extended to 16 bits and shifted left by 7 is S.S.EEEEMMM.0000000; clearing bit 14 leaves
 // the f16 S.0EEEE.MMM0000000, the value times 2^-8 (subnormals too). e5m2 is an f16's high byte.
