@@ -55,12 +55,8 @@ inline float to_f32(uint16_t x) { return bits_f32(uint32_t(x) << 16); }  // bf16
 // fp8 elements, one byte each (kv_cache_dtype fp8 / fp8_e4m3, fp8_e5m2). Converted with integer
 // operations the compiler vectorizes (no table lookups, no float subnormals: the kernel runs with
 // denormals-are-zero, so a subnormal f32 built from the bits would read as 0).
-struct E4M3 {
-  uint8_t b;
-};
-struct E5M2 {
-  uint8_t b;
-};
+struct E4M3 { uint8_t b; };
+struct E5M2 { uint8_t b; };
 
 // e4m3fn: 1 sign, 4 exponent bits (bias 7), 3 mantissa bits; no infinities; S.1111.111 is NaN.
 inline float to_f32(E4M3 x) {
@@ -127,6 +123,15 @@ struct Args {
   int64_t hb = 1;  // KV heads per work item: attend_head takes heads [h, h + hb) of token t
 };
 
+// Token t's row's block table and its keys [keys_begin, keys_end), clamped as the XLA path does.
+inline const int32_t* row_table(const Args& a, int64_t t) {
+  return a.tables + std::clamp<int64_t>(a.rows[t], 0, a.s.R - 1) * a.s.P;
+}
+inline int64_t keys_end(const Args& a, int64_t t) {
+  return std::clamp<int64_t>(int64_t(a.positions[t]) + 1, 0, a.s.P * a.s.BS);
+}
+inline int64_t keys_begin(const Args& a, int64_t hi) { return a.window > 0 ? std::max<int64_t>(hi - a.window, 0) : 0; }
+
 // Calls f(j, row) for every key j in [lo, hi) of a row, row pointing at key j's [Hkv, D] values
 // in `base`: one block-table lookup and no division per page, not per key.
 template <typename KV, typename F>
@@ -190,10 +195,8 @@ void attend_head_fp8(const Args& a, int64_t t, int64_t h, std::vector<float>& sc
   const KV* kc = static_cast<const KV*>(a.cache);
   const KV* vc = kc + s.NB * s.BS * s.Hkv * s.D;
   const int64_t D = kD > 0 ? kD : s.D, G = s.G;
-  const int64_t r = std::clamp<int64_t>(a.rows[t], 0, s.R - 1);
-  const int32_t* table = a.tables + r * s.P;
-  const int64_t hi = std::clamp<int64_t>(int64_t(a.positions[t]) + 1, 0, s.P * s.BS);
-  const int64_t lo = a.window > 0 ? std::max<int64_t>(hi - a.window, 0) : 0;
+  const int32_t* table = row_table(a, t);
+  const int64_t hi = keys_end(a, t), lo = keys_begin(a, hi);
   const int64_t n = hi - lo;
   float* o = a.out + (t * s.Hkv + h) * G * D;  // [G, D]
   std::fill(o, o + G * D, 0.0f);
@@ -261,16 +264,11 @@ void attend_head(const Args& a, int64_t t, int64_t h, std::vector<float>& scratc
   const KV* kc = static_cast<const KV*>(a.cache);
   const KV* vc = kc + s.NB * s.BS * s.Hkv * s.D;
   const int64_t D = kD > 0 ? kD : s.D, G = s.G;
-  const int64_t r = std::clamp<int64_t>(a.rows[t], 0, s.R - 1);
-  const int32_t* table = a.tables + r * s.P;
-  const int64_t hi = std::clamp<int64_t>(int64_t(a.positions[t]) + 1, 0, s.P * s.BS);
-  const int64_t lo = a.window > 0 ? std::max<int64_t>(hi - a.window, 0) : 0;
+  const int32_t* table = row_table(a, t);
+  const int64_t hi = keys_end(a, t), lo = keys_begin(a, hi);
   const int64_t n = hi - lo;
   float* o = a.out + (t * s.Hkv + h) * G * D;  // [G, D]
-  if (n <= 0) {
-    std::fill(o, o + G * D, 0.0f);
-    return;
-  }
+  if (n <= 0) return std::fill(o, o + G * D, 0.0f);  // no keys: zeros
   scratch.resize(G * n);
   float* sc = scratch.data();  // [G, n]: a query head's scores contiguous for the softmax
   const float* q = a.q + (t * s.Hkv + h) * G * D;
@@ -361,7 +359,7 @@ void take_chunks(Split& sp) {
 template <typename KV>
 void attend_all(Args a, int64_t num_decode, ffi::ThreadPool& pool) {
   int64_t keys = 0;
-  for (int64_t t = 0; t < num_decode; ++t) keys += std::clamp<int64_t>(int64_t(a.positions[t]) + 1, 0, a.s.P * a.s.BS);
+  for (int64_t t = 0; t < num_decode; ++t) keys += keys_end(a, t);
   a.hb = heads_per_item<KV>(a.s, num_decode, pool.num_threads());
   const int64_t items = num_decode * a.s.Hkv / a.hb, work = keys * a.s.Hkv * a.s.G * a.s.D;  // multiply-adds a pass
   constexpr int64_t kWorkPerTask = 1 << 16;

@@ -86,11 +86,14 @@ inline int sum_slot(int64_t c) { return int(c >> 2) + 4 * int(c & 3); }
 inline __m512 lane_sums16(const __m512* v) {
   __m512 c[8], d[4], e[2];
   for (int k = 0; k < 8; ++k)  // c[k] = v[2k]'s 8 half sums, then v[2k+1]'s
-    c[k] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0x44), _mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0xee));
+    c[k] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0x44),
+                         _mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0xee));
   for (int k = 0; k < 4; ++k)  // 128-bit lane i of d[k]: v[4k + i]'s 4 partial sums
-    d[k] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * k], c[2 * k + 1], 0x88), _mm512_shuffle_f32x4(c[2 * k], c[2 * k + 1], 0xdd));
+    d[k] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * k], c[2 * k + 1], 0x88),
+                         _mm512_shuffle_f32x4(c[2 * k], c[2 * k + 1], 0xdd));
   for (int k = 0; k < 2; ++k)  // lane i of e[k]: v[8k + i]'s 2 partial sums, then v[8k + 4 + i]'s
-    e[k] = _mm512_add_ps(_mm512_shuffle_ps(d[2 * k], d[2 * k + 1], 0x44), _mm512_shuffle_ps(d[2 * k], d[2 * k + 1], 0xee));
+    e[k] = _mm512_add_ps(_mm512_shuffle_ps(d[2 * k], d[2 * k + 1], 0x44),
+                         _mm512_shuffle_ps(d[2 * k], d[2 * k + 1], 0xee));
   // lane i: the sums of v[i], v[4 + i], v[8 + i], v[12 + i]
   return _mm512_add_ps(_mm512_shuffle_ps(e[0], e[1], 0x88), _mm512_shuffle_ps(e[0], e[1], 0xdd));
 }
@@ -205,20 +208,17 @@ void scores_512(const Shape& s, const int32_t* table, const KV* kc, int64_t h, i
 }
 
 // Token t's attention for KV heads [h, h + a.hb) and their G query heads each. Several KV heads
-// per item read each page's K and V as one block (their rows interleave): on the Xeon of
-// PERF_NOTES session 12 the kernel ran 1.3x faster so than one head's rows every Hkv * D bytes.
+// an item read each page's K and V as one block (their rows interleave): 1.3x faster on the Xeon
+// of PERF_NOTES session 12 than one head's rows every Hkv * D bytes.
 template <typename KV, int kD>
 void attend_head_fp8_512(const Args& a, int64_t t, int64_t h, std::vector<float>& scratch) {
   static_assert(kD == 16 || kD == 32 || kD == 64 || kD == 128);
-  constexpr int kV = kD / 16;
   const Shape& s = a.s;
   const KV* kc = static_cast<const KV*>(a.cache);
   const KV* vc = kc + s.NB * s.BS * s.Hkv * s.D;
   const int64_t G = s.G, hb = a.hb, HG = hb * G, row_len = s.Hkv * kD;
-  const int64_t r = std::clamp<int64_t>(a.rows[t], 0, s.R - 1);
-  const int32_t* table = a.tables + r * s.P;
-  const int64_t hi = std::clamp<int64_t>(int64_t(a.positions[t]) + 1, 0, s.P * s.BS);
-  const int64_t lo = a.window > 0 ? std::max<int64_t>(hi - a.window, 0) : 0;
+  const int32_t* table = row_table(a, t);
+  const int64_t hi = keys_end(a, t), lo = keys_begin(a, hi);
   const int64_t n = hi - lo;
   float* o = a.out + (t * s.Hkv + h) * G * kD;  // [HG, kD]
   std::fill(o, o + HG * kD, 0.0f);
@@ -252,7 +252,8 @@ void attend_head_fp8_512(const Args& a, int64_t t, int64_t h, std::vector<float>
   }
   for (int64_t x = 0; x < HG; ++x) {
     const __m512 f = _mm512_set1_ps(inv_l[x] * Fp8Fast<KV>::kScale);
-    for (int i = 0; i < kV; ++i) _mm512_storeu_ps(o + x * kD + 16 * i, _mm512_mul_ps(_mm512_loadu_ps(o + x * kD + 16 * i), f));
+    for (float* ox = o + x * kD; ox < o + (x + 1) * kD; ox += 16)
+      _mm512_storeu_ps(ox, _mm512_mul_ps(_mm512_loadu_ps(ox), f));
   }
 }
 
