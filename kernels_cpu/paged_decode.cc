@@ -31,10 +31,7 @@
 #include "xla/ffi/api/ffi.h"
 
 #if defined(__SSE__)
-#include <xmmintrin.h>
-#endif
-#if defined(__F16C__) && defined(__AVX2__)
-#include <immintrin.h>
+#include <immintrin.h>  // the MXCSR; the AVX2 and AVX-512 intrinsics where the target has them
 #endif
 
 namespace ffi = xla::ffi;
@@ -58,12 +55,8 @@ inline float to_f32(uint16_t x) { return bits_f32(uint32_t(x) << 16); }  // bf16
 // fp8 elements, one byte each (kv_cache_dtype fp8 / fp8_e4m3, fp8_e5m2). Converted with integer
 // operations the compiler vectorizes (no table lookups, no float subnormals: the kernel runs with
 // denormals-are-zero, so a subnormal f32 built from the bits would read as 0).
-struct E4M3 {
-  uint8_t b;
-};
-struct E5M2 {
-  uint8_t b;
-};
+struct E4M3 { uint8_t b; };
+struct E5M2 { uint8_t b; };
 
 // e4m3fn: 1 sign, 4 exponent bits (bias 7), 3 mantissa bits; no infinities; S.1111.111 is NaN.
 inline float to_f32(E4M3 x) {
@@ -127,7 +120,17 @@ struct Args {
   float* out;
   int32_t window;
   float cap;
+  int64_t hb = 1;  // KV heads per work item: attend_head takes heads [h, h + hb) of token t
 };
+
+// Token t's row's block table and its keys [keys_begin, keys_end), clamped as the XLA path does.
+inline const int32_t* row_table(const Args& a, int64_t t) {
+  return a.tables + std::clamp<int64_t>(a.rows[t], 0, a.s.R - 1) * a.s.P;
+}
+inline int64_t keys_end(const Args& a, int64_t t) {
+  return std::clamp<int64_t>(int64_t(a.positions[t]) + 1, 0, a.s.P * a.s.BS);
+}
+inline int64_t keys_begin(const Args& a, int64_t hi) { return a.window > 0 ? std::max<int64_t>(hi - a.window, 0) : 0; }
 
 // Calls f(j, row) for every key j in [lo, hi) of a row, row pointing at key j's [Hkv, D] values
 // in `base`: one block-table lookup and no division per page, not per key.
@@ -176,7 +179,7 @@ inline void softmax_rows(float* sc, int64_t G, int64_t n, float cap, float* inv_
     }
     float m = -3.0e38f, l = 0.0f;
 #pragma omp simd reduction(max : m)
-    for (int64_t x = 0; x < n; ++x) m = std::max(m, sg[x]);
+    for (int64_t x = 0; x < n; ++x) m = sg[x] > m ? sg[x] : m;  // std::max stayed scalar here
 #pragma omp simd reduction(+ : l)
     for (int64_t x = 0; x < n; ++x) {
       sg[x] = std::exp(sg[x] - m);
@@ -192,10 +195,8 @@ void attend_head_fp8(const Args& a, int64_t t, int64_t h, std::vector<float>& sc
   const KV* kc = static_cast<const KV*>(a.cache);
   const KV* vc = kc + s.NB * s.BS * s.Hkv * s.D;
   const int64_t D = kD > 0 ? kD : s.D, G = s.G;
-  const int64_t r = std::clamp<int64_t>(a.rows[t], 0, s.R - 1);
-  const int32_t* table = a.tables + r * s.P;
-  const int64_t hi = std::clamp<int64_t>(int64_t(a.positions[t]) + 1, 0, s.P * s.BS);
-  const int64_t lo = a.window > 0 ? std::max<int64_t>(hi - a.window, 0) : 0;
+  const int32_t* table = row_table(a, t);
+  const int64_t hi = keys_end(a, t), lo = keys_begin(a, hi);
   const int64_t n = hi - lo;
   float* o = a.out + (t * s.Hkv + h) * G * D;  // [G, D]
   std::fill(o, o + G * D, 0.0f);
@@ -242,18 +243,19 @@ void attend_head_fp8(const Args& a, int64_t t, int64_t h, std::vector<float>& sc
   }
 }
 
-#include "paged_decode_fp8_avx2.h"  // attend_head_fp8_fast
+#include "paged_decode_fp8_avx2.h"    // attend_head_fp8_fast
+#include "paged_decode_fp8_avx512.h"  // attend_head_fp8_512
 
-// Token t's attention over its row's pages for the G query heads of KV head h.
+// Token t's attention over its row's pages for the G query heads of KV head h (of KV heads
+// [h, h + a.hb) on the AVX-512 fp8 path, the only one given a.hb > 1).
 // kD: head_dim when known at compile time (straight-line dot products), 0 for any.
 template <typename KV, int kD>
 void attend_head(const Args& a, int64_t t, int64_t h, std::vector<float>& scratch) {
   if constexpr (kIsFp8<KV>) {
-#if defined(__F16C__) && defined(__AVX2__)
-    if constexpr (kD > 0 && kD % 16 == 0) {
-      attend_head_fp8_fast<KV, kD>(a, t, h, scratch);
-      return;
-    }
+#if defined(JAXLM_FP8_AVX512)
+    if constexpr (kD > 0) return attend_head_fp8_512<KV, kD>(a, t, h, scratch);  // kD: 16..128
+#elif defined(__F16C__) && defined(__AVX2__)
+    if constexpr (kD > 0 && kD % 16 == 0) return attend_head_fp8_fast<KV, kD>(a, t, h, scratch);
 #endif
     attend_head_fp8<KV, kD>(a, t, h, scratch);
     return;
@@ -262,16 +264,11 @@ void attend_head(const Args& a, int64_t t, int64_t h, std::vector<float>& scratc
   const KV* kc = static_cast<const KV*>(a.cache);
   const KV* vc = kc + s.NB * s.BS * s.Hkv * s.D;
   const int64_t D = kD > 0 ? kD : s.D, G = s.G;
-  const int64_t r = std::clamp<int64_t>(a.rows[t], 0, s.R - 1);
-  const int32_t* table = a.tables + r * s.P;
-  const int64_t hi = std::clamp<int64_t>(int64_t(a.positions[t]) + 1, 0, s.P * s.BS);
-  const int64_t lo = a.window > 0 ? std::max<int64_t>(hi - a.window, 0) : 0;
+  const int32_t* table = row_table(a, t);
+  const int64_t hi = keys_end(a, t), lo = keys_begin(a, hi);
   const int64_t n = hi - lo;
   float* o = a.out + (t * s.Hkv + h) * G * D;  // [G, D]
-  if (n <= 0) {
-    std::fill(o, o + G * D, 0.0f);
-    return;
-  }
+  if (n <= 0) return std::fill(o, o + G * D, 0.0f);  // no keys: zeros
   scratch.resize(G * n);
   float* sc = scratch.data();  // [G, n]: a query head's scores contiguous for the softmax
   const float* q = a.q + (t * s.Hkv + h) * G * D;
@@ -322,13 +319,13 @@ struct FlushSubnormals {
 #endif
 };
 
-// Work items [begin, end) of (token, KV head) pairs, token-major.
+// Work items [begin, end) of (token, a.hb KV heads), token-major.
 template <typename KV>
 void attend_items(const Args& a, int64_t begin, int64_t end) {
   FlushSubnormals flush;
   std::vector<float> scratch;
   auto each = [&](auto head) {
-    for (int64_t i = begin; i < end; ++i) head(a, i / a.s.Hkv, i % a.s.Hkv, scratch);
+    for (int64_t i = begin, nh = a.s.Hkv / a.hb; i < end; ++i) head(a, i / nh, (i % nh) * a.hb, scratch);
   };
   switch (a.s.D) {
     case 16: return each(attend_head<KV, 16>);
@@ -360,10 +357,11 @@ void take_chunks(Split& sp) {
 
 // Splits the pairs over XLA's intra-op threads when there is enough work to pay for the handoff.
 template <typename KV>
-void attend_all(const Args& a, int64_t num_decode, ffi::ThreadPool& pool) {
+void attend_all(Args a, int64_t num_decode, ffi::ThreadPool& pool) {
   int64_t keys = 0;
-  for (int64_t t = 0; t < num_decode; ++t) keys += std::clamp<int64_t>(int64_t(a.positions[t]) + 1, 0, a.s.P * a.s.BS);
-  const int64_t items = num_decode * a.s.Hkv, work = keys * a.s.Hkv * a.s.G * a.s.D;  // multiply-adds a pass
+  for (int64_t t = 0; t < num_decode; ++t) keys += keys_end(a, t);
+  a.hb = heads_per_item<KV>(a.s, num_decode, pool.num_threads());
+  const int64_t items = num_decode * a.s.Hkv / a.hb, work = keys * a.s.Hkv * a.s.G * a.s.D;  // multiply-adds a pass
   constexpr int64_t kWorkPerTask = 1 << 16;
   const int64_t tasks = std::min<int64_t>(
       {items, std::max<int64_t>(pool.num_threads(), 1), std::max<int64_t>(work / kWorkPerTask, 1)});

@@ -121,10 +121,8 @@ void attend_head_fp8_fast(const Args& a, int64_t t, int64_t h, std::vector<float
   const KV* kc = static_cast<const KV*>(a.cache);
   const KV* vc = kc + s.NB * s.BS * s.Hkv * s.D;
   const int64_t G = s.G;
-  const int64_t r = std::clamp<int64_t>(a.rows[t], 0, s.R - 1);
-  const int32_t* table = a.tables + r * s.P;
-  const int64_t hi = std::clamp<int64_t>(int64_t(a.positions[t]) + 1, 0, s.P * s.BS);
-  const int64_t lo = a.window > 0 ? std::max<int64_t>(hi - a.window, 0) : 0;
+  const int32_t* table = row_table(a, t);
+  const int64_t hi = keys_end(a, t), lo = keys_begin(a, hi);
   const int64_t n = hi - lo;
   float* o = a.out + (t * s.Hkv + h) * G * kD;  // [G, kD]
   std::fill(o, o + G * kD, 0.0f);

@@ -55,7 +55,9 @@ int main(int argc, char** argv) {
     a.cache = c32.data();
     run("f32", [&] { for (int l = 0; l < L; ++l) { a.cache = c32.data() + l * n1; attend_items<float>(a, 0, T * Hkv); } });
     a.cache = c8.data();
-    run("e4m3", [&] { for (int l = 0; l < L; ++l) { a.cache = c8.data() + l * n1; attend_items<E4M3>(a, 0, T * Hkv); } });
-    run("e5m2", [&] { for (int l = 0; l < L; ++l) { a.cache = c8.data() + l * n1; attend_items<E5M2>(a, 0, T * Hkv); } });
+    a.hb = heads_per_item<E4M3>(a.s, T, 1);  // KV heads per work item, as attend_all picks them
+    run("e4m3", [&] { for (int l = 0; l < L; ++l) { a.cache = c8.data() + l * n1; attend_items<E4M3>(a, 0, T * Hkv / a.hb); } });
+    run("e5m2", [&] { for (int l = 0; l < L; ++l) { a.cache = c8.data() + l * n1; attend_items<E5M2>(a, 0, T * Hkv / a.hb); } });
+    a.hb = 1;
   }
 }

@@ -79,14 +79,17 @@ def test_fp8_conversion_is_exact_for_every_byte(cpu_kernels, dtype):
 
 
 @pytest.mark.parametrize("dtype", [jnp.float8_e4m3fn, jnp.float8_e5m2])
-@pytest.mark.parametrize("hq,hkv,d", [(6, 2, 64), (5, 1, 16), (6, 2, 24)])
-def test_fp8_nan_in_read_rows_and_any_head_dim_match_reference(cpu_kernels, dtype, hq, hkv, d):
+@pytest.mark.parametrize("hq,hkv,d", [(6, 2, 64), (5, 1, 16), (6, 2, 24), (8, 2, 128), (4, 1, 32)])
+@pytest.mark.parametrize("T", [12, 5])
+def test_fp8_nan_in_read_rows_and_any_head_dim_match_reference(cpu_kernels, dtype, hq, hkv, d, T):
     """The fp8 rows the kernel reads may hold NaN (e4m3fn's S.1111.111 has no half-precision
-    twin, so the fast path must notice it): a token that reads one gets NaN for the heads of that
-    KV head, as the reference does, and every other value still matches. d=24 takes the generic
-    path (head_dim without a specialised kernel); G=5 splits the V sums into groups."""
+    twin, so the fast paths must notice it, in rows of 16, 32, 64 and 128 bytes): a token that
+    reads one gets NaN for the heads of that KV head, as the reference does, and every other value
+    still matches. d=24 takes the generic path (head_dim without a specialised kernel); G=5 and
+    G=4 at d=128 split the V sums into groups. With AVX-512, T=12 tokens take all their KV heads
+    per work item (on up to 3 threads), T=5 one KV head (fewer than 4 tokens a thread)."""
     rng = np.random.default_rng(d + hq)
-    T, bs = 12, 16
+    bs = 16
     q, cache, positions, rows, tables = _case(rng, T=T, hq=hq, hkv=hkv, d=d, bs=bs, nb=64, pages=6, dtype=jnp.float32)
     cache = np.array(cache)
     # A NaN in K of token 3's last key (KV head 0) and in V of token 4's first key (last KV head).
@@ -98,30 +101,40 @@ def test_fp8_nan_in_read_rows_and_any_head_dim_match_reference(cpu_kernels, dtyp
     out = paged_decode_cpu(qf, cache, positions, rows, tables, jnp.int32(T), jnp.zeros_like(qf))
     out = np.asarray(out).reshape(T, hq, d)
     ref = np.asarray(paged_decode_reference(q, cache, tables, rows, positions + 1, scale=scale))
-    assert np.isnan(out[3]).any() and np.isnan(out[4]).any() and np.isfinite(out[:3]).all()
-    np.testing.assert_allclose(out, ref, atol=2e-5, rtol=1e-5)  # NaN where the reference has NaN
+    hit = np.isnan(ref).any(axis=-1)  # [T, hq]: the query heads that read a NaN row (rows may share pages)
+    assert hit[3].any() and hit[4].any() and not hit.all()
+    np.testing.assert_array_equal(np.isnan(out).any(axis=-1), hit)
+    np.testing.assert_allclose(out, ref, atol=2e-5, rtol=1e-5)
 
 
-def test_fp8_generic_build_matches_reference(tmp_path):
-    """The fp8 path without AVX2/F16C (the integer conversion on chunks of rows), built for a
-    baseline x86-64 in a fresh process (a process registers one library per target): against the
-    reference with NaN garbage pages, and every byte value exact."""
+@pytest.mark.parametrize("march,needs", [("x86-64", ()), ("x86-64-v3", ("avx2", "f16c", "fma"))],
+                         ids=["x86-64", "x86-64-v3"])
+def test_fp8_portable_builds_match_reference(tmp_path, march, needs):
+    """The fp8 paths a -march=native build may not take here, each built in a fresh process (a
+    process registers one library per target): x86-64, the integer conversion on chunks of rows;
+    x86-64-v3, the AVX2 + F16C path (an AVX-512 CPU takes the AVX-512 one natively). Against the
+    reference with NaN garbage pages and NaN rows, and every byte value exact."""
     import platform
     import subprocess
     import sys
 
     if platform.machine() not in ("x86_64", "AMD64"):
-        pytest.skip(f"the generic build is forced with -march=x86-64; this is {platform.machine()}")
+        pytest.skip(f"the builds are forced with -march={march}; this is {platform.machine()}")
+    with open("/proc/cpuinfo") as f:
+        flags = next((line.split() for line in f if line.startswith("flags")), [])
+    if missing := [n for n in needs if n not in flags]:
+        pytest.skip(f"-march={march} code needs {missing}, which this CPU lacks")
     code = f"""
 import numpy as np, jax.numpy as jnp
 from kernels_cpu import build
 import tests.kernels_cpu.test_paged_decode as t
-build._COMPILE = [f if f != "-march=native" else "-march=x86-64" for f in build._COMPILE]
+build._COMPILE = [f if f != "-march=native" else "-march={march}" for f in build._COMPILE]
+build._SOURCES, build.TARGETS = build._SOURCES[:1], build.TARGETS[:1]  # paged_decode.cc alone
 build.load_cpu_kernels({str(tmp_path)!r})
 for dtype in (jnp.float8_e4m3fn, jnp.float8_e5m2):
     t.test_matches_reference(None, dtype, 9, 3, 64, None, None)
     t.test_fp8_conversion_is_exact_for_every_byte(None, dtype)
-    t.test_fp8_nan_in_read_rows_and_any_head_dim_match_reference(None, dtype, 6, 2, 64)
+    t.test_fp8_nan_in_read_rows_and_any_head_dim_match_reference(None, dtype, 6, 2, 64, 12)
 print("ok")
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
