@@ -15,6 +15,14 @@ order rotating between rounds) for one measurement, so the machine's drift hits 
   * --prefill N: seconds for an N-token prompt and one token.
 Medians over rounds; the resident memory (RSS) of the child and its engine process after warm-up too. jaxlm's programs are warmed before
 the first round (compiles are not measured).
+
+llama.cpp's threads wait at barriers by spinning, so any other process on a 2-core machine (even at
+nice 15) drops its decode 10x: run the whole script under ``chrt -f 10`` (every child inherits
+it) on a shared machine. On a CPU with AMX-INT8, llama-cpp-python 0.3.36's AMX matmul segfaults:
+the script then turns off llama.cpp's extra buffer types (AMX and repacking), or build it without
+AMX (``CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON
+-DGGML_AVX512_VNNI=ON -DGGML_AVX_VNNI=ON ..." pip install llama-cpp-python==0.3.36``), which
+keeps repacking (measured the same speed here, docs/PERF_NOTES.md, session 12).
 """
 
 from __future__ import annotations
