@@ -28,9 +28,10 @@ def test_generate_paris(llm):
 
 
 def test_chat_paris(llm):
-    # Not "What is the capital of France?": greedy, this Q4_1 file answers it "L'Étoile, la Cité, ..."
-    # in llama.cpp too (scripts/dev/gguf_vs_llamacpp.py); llama.cpp, jaxlm's blocks and the
-    # dequantized weights all answer this one "The capital of France is Paris."
+    # Not "What is the capital of France?": its first token is a near tie on this Q4_1 file
+    # (llama.cpp answers "L'Étoile, la Cité, ...", scripts/dev/gguf_vs_llamacpp.py; jaxlm's blocks
+    # did too while prefill took the float weights); llama.cpp, jaxlm's blocks and the dequantized
+    # weights all answer this one "The capital of France is Paris."
     [out] = llm.chat([{"role": "user", "content": "Name the capital of France."}],
                      SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)
     assert "Paris" in out.outputs[0].text
