@@ -152,6 +152,16 @@ inline __m256i nibbles(const uint8_t* qs) {
 
 #include "gguf_kquants.h"
 
+// Bytes per block of type T (a super-block for the K-quants).
+template <int T>
+constexpr int64_t block_bytes() {
+  if constexpr (T == kQ8_0) return sizeof(BlockQ8_0);
+  if constexpr (T == kQ4_0) return sizeof(BlockQ4_0);
+  if constexpr (T == kQ4_1) return sizeof(BlockQ4_1);
+  if constexpr (is_kquant(T)) return sizeof(typename KBlock<T>::type);
+  return 0;
+}
+
 #include "gguf_matmul_rows.h"
 #include "gguf_matmul_f32.h"
 #include "gguf_matmul_lanes.h"
@@ -227,15 +237,6 @@ bool with_type(int32_t qtype, F&& f) {
     default:
       return false;
   }
-}
-
-template <int T>
-constexpr int64_t block_bytes() {
-  if constexpr (T == kQ8_0) return sizeof(BlockQ8_0);
-  if constexpr (T == kQ4_0) return sizeof(BlockQ4_0);
-  if constexpr (T == kQ4_1) return sizeof(BlockQ4_1);
-  if constexpr (is_kquant(T)) return sizeof(typename KBlock<T>::type);
-  return 0;
 }
 
 ffi::Error GgufMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,

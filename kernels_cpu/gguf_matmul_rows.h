@@ -3,11 +3,6 @@
 // part of that file, included once inside its anonymous namespace after the block types,
 // QuantizedX, the AVX2 helpers and gguf_kquants.h. kernels_cpu/build.py hashes it with the sources.
 
-template <int T>
-constexpr int64_t block_bytes_of() {
-  return T == kQ8_0 ? sizeof(BlockQ8_0) : T == kQ4_0 ? sizeof(BlockQ4_0) : sizeof(BlockQ4_1);
-}
-
 // One block of weight row wrow: its scale (and Q4_1's min; Q4_0's -8 d) and its 32 values as
 // bytes (nibbles unpacked; Q8_0's signed bytes).
 template <int T>
@@ -73,7 +68,7 @@ void dot_rows(const uint8_t* w, int64_t row_bytes, int64_t nb, const QuantizedX&
     for (int c = 0; c < C; ++c) {
       // The next C rows' block at this offset: a stream that leaves L2 every call (the LM head,
       // a decode step's every weight) ran at ~40% of the bandwidth on hardware prefetch alone.
-      _mm_prefetch(reinterpret_cast<const char*>(w + (n0 + C + c) * row_bytes) + b * block_bytes_of<T>(), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(w + (n0 + C + c) * row_bytes) + b * block_bytes<T>(), _MM_HINT_T0);
       load_block<T>(w + (n0 + c) * row_bytes, b, dw[c], mw[c], wv[c]);
       // Q8_0's weights are signed: |w| against x with w's sign (llama.cpp's signed x signed).
       wu[c] = T == kQ8_0 ? _mm256_sign_epi8(wv[c], wv[c]) : wv[c];
