@@ -3,9 +3,10 @@
 // Each decode token (one query token per row; the first num_decode tokens of the step) reads the
 // keys [lo, position] of its own row straight from the paged cache through the block table: one
 // pass over K for the scores of the G query heads sharing a KV head, an exact softmax, then V
-// (per query head, its sums in registers; the rows stay in L1 for the next one). XLA's
-// gather-based form copies every page it reads into the dot products' layout first (most of its
-// time, docs/PERF_NOTES.md, sessions 6-8); here a page is read where it lies.
+// (per query head, its sums in registers; the rows stay in cache for the next one). A work item
+// is one KV head of a token, or all of them (heads_per_item), which reads each page as one block.
+// XLA's gather-based form copies every page it reads into the dot products' layout first (most
+// of its time, docs/PERF_NOTES.md, sessions 6-8); here a page is read where it lies.
 //
 // Layouts (row-major):
 //   q      [T, Hkv, G, D] f32, already times the softmax scale
@@ -52,60 +53,6 @@ inline uint32_t f32_bits(float f) {
 inline float to_f32(float x) { return x; }
 inline float to_f32(uint16_t x) { return bits_f32(uint32_t(x) << 16); }  // bf16: the float's high half
 
-// fp8 elements, one byte each (kv_cache_dtype fp8 / fp8_e4m3, fp8_e5m2). Converted with integer
-// operations the compiler vectorizes (no table lookups, no float subnormals: the kernel runs with
-// denormals-are-zero, so a subnormal f32 built from the bits would read as 0).
-struct E4M3 { uint8_t b; };
-struct E5M2 { uint8_t b; };
-
-// e4m3fn: 1 sign, 4 exponent bits (bias 7), 3 mantissa bits; no infinities; S.1111.111 is NaN.
-inline float to_f32(E4M3 x) {
-  const uint32_t em = x.b & 0x7fu, sign = uint32_t(x.b & 0x80u) << 24;
-  // A normal number is its bits moved under the f32 exponent, rebiased by 127 - 7 = 120.
-  uint32_t bits = (em << 20) + (120u << 23);
-  bits = em < 8 ? f32_bits(float(em) * 0x1p-9f) : bits;  // subnormal: m * 2^-9
-  bits = em == 0x7fu ? 0x7fc00000u : bits;
-  return bits_f32(bits | sign);
-}
-
-// e5m2: 1 sign, 5 exponent bits (bias 15), 2 mantissa bits; exponent 31 is inf / NaN as in IEEE.
-inline float to_f32(E5M2 x) {
-  const uint32_t em = x.b & 0x7fu, sign = uint32_t(x.b & 0x80u) << 24;
-  uint32_t bits = (em << 21) + (112u << 23);  // rebiased by 127 - 15 = 112
-  bits = em < 4 ? f32_bits(float(em) * 0x1p-16f) : bits;  // subnormal: m * 2^-16
-  bits = em >= 0x7cu ? (0x7f800000u | ((em & 3u) << 21)) : bits;
-  return bits_f32(bits | sign);
-}
-
-template <typename KV>
-constexpr bool kIsFp8 = std::is_same_v<KV, E4M3> || std::is_same_v<KV, E5M2>;
-
-// A row of D fp8 values as floats. With F16C, 8 at a time through half precision: e5m2 is the
-// high byte of an f16; e4m3fn's 7 value bits placed under an f16's exponent give the value times
-// 2^-8 (subnormals included: vcvtph2ps converts f16 subnormals exactly, whatever DAZ says),
-// and its one NaN code (S.1111.111) is put back by a compare.
-template <typename KV>
-inline void convert_row(const KV* src, float* dst, int64_t D) {
-  int64_t d = 0;
-#if defined(__F16C__) && defined(__AVX2__)
-  const uint8_t* bytes = reinterpret_cast<const uint8_t*>(src);
-  for (; d + 8 <= D; d += 8) {
-    const __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes + d)));
-    if constexpr (std::is_same_v<KV, E5M2>) {
-      _mm256_storeu_ps(dst + d, _mm256_cvtph_ps(_mm_slli_epi16(w, 8)));
-    } else {
-      const __m128i em = _mm_and_si128(w, _mm_set1_epi16(0x7f));
-      const __m128i sign = _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8);
-      __m256 f = _mm256_mul_ps(_mm256_cvtph_ps(_mm_or_si128(sign, _mm_slli_epi16(em, 7))), _mm256_set1_ps(256.0f));
-      const __m256i nan = _mm256_cvtepi16_epi32(_mm_cmpeq_epi16(em, _mm_set1_epi16(0x7f)));
-      f = _mm256_blendv_ps(f, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fc00000)), _mm256_castsi256_ps(nan));
-      _mm256_storeu_ps(dst + d, f);
-    }
-  }
-#endif
-  for (; d < D; ++d) dst[d] = to_f32(src[d]);
-}
-
 struct Shape {
   int64_t T, Hkv, G, D, NB, BS, R, P;
 };
@@ -132,42 +79,26 @@ inline int64_t keys_end(const Args& a, int64_t t) {
 }
 inline int64_t keys_begin(const Args& a, int64_t hi) { return a.window > 0 ? std::max<int64_t>(hi - a.window, 0) : 0; }
 
+// Calls f(first, js, je, rows) for each page of keys [lo, hi): keys [js, je) of the page whose
+// first key is `first`, key j's [Hkv, D] values at rows + (j - first) * Hkv * D in `base`.
+template <typename KV, typename F>
+inline void for_each_page(const Shape& s, const int32_t* table, const KV* base, int64_t lo, int64_t hi, F&& f) {
+  for (int64_t first = lo - lo % s.BS; first < hi; first += s.BS) {
+    const int64_t page = std::clamp<int64_t>(table[first / s.BS], 0, s.NB - 1);
+    f(first, std::max(first, lo), std::min(first + s.BS, hi), base + page * s.BS * s.Hkv * s.D);
+  }
+}
+
 // Calls f(j, row) for every key j in [lo, hi) of a row, row pointing at key j's [Hkv, D] values
 // in `base`: one block-table lookup and no division per page, not per key.
 template <typename KV, typename F>
 inline void for_each_key(const Shape& s, const int32_t* table, const KV* base, int64_t lo, int64_t hi, F&& f) {
   const int64_t row_len = s.Hkv * s.D;
-  for (int64_t first = lo - lo % s.BS; first < hi; first += s.BS) {
-    const int64_t page = std::clamp<int64_t>(table[first / s.BS], 0, s.NB - 1);
-    const KV* rows = base + page * s.BS * row_len;
-    for (int64_t j = std::max(first, lo), e = std::min(first + s.BS, hi); j < e; ++j)
-      f(j, rows + (j - first) * row_len);
-  }
-}
-
-// Keys converted to float per chunk (fp8 caches): each element is converted once, not once per
-// query head, and the chunk ([kChunk, D] floats) stays in L1 while the G heads read it.
-constexpr int64_t kChunk = 32;
-
-// Calls f(j0, rows, count) for chunks of up to kChunk keys of [lo, hi): their head-h values as
-// float, row i of the chunk at rows + i * D.
-template <typename KV, int kD, typename F>
-inline void for_each_chunk(const Shape& s, const int32_t* table, const KV* base, int64_t h, int64_t lo, int64_t hi,
-                           float* buf, F&& f) {
-  const int64_t D = kD > 0 ? kD : s.D;
-  int64_t count = 0, j0 = lo;
-  for_each_key(s, table, base, lo, hi, [&](int64_t j, const KV* row) {
-    convert_row(row + h * D, buf + count * D, D);
-    if (++count == kChunk) {
-      f(j0, buf, count);
-      count = 0;
-      j0 = j + 1;
-    }
+  for_each_page(s, table, base, lo, hi, [&](int64_t first, int64_t js, int64_t je, const KV* rows) {
+    for (int64_t j = js; j < je; ++j) f(j, rows + (j - first) * row_len);
   });
-  if (count) f(j0, buf, count);
 }
 
-// attend_head for an fp8 cache: the same passes (scores, exact softmax, V) over float chunks.
 // Each of the G heads' n scores (the rows of sc): soft-capped when cap > 0, then exp(s - max)
 // in place; 1 / their sum into inv_l (the division is left to the V pass).
 inline void softmax_rows(float* sc, int64_t G, int64_t n, float cap, float* inv_l) {
@@ -189,122 +120,95 @@ inline void softmax_rows(float* sc, int64_t G, int64_t n, float cap, float* inv_
   }
 }
 
-template <typename KV, int kD>
-void attend_head_fp8(const Args& a, int64_t t, int64_t h, std::vector<float>& scratch) {
-  const Shape& s = a.s;
-  const KV* kc = static_cast<const KV*>(a.cache);
-  const KV* vc = kc + s.NB * s.BS * s.Hkv * s.D;
-  const int64_t D = kD > 0 ? kD : s.D, G = s.G;
-  const int32_t* table = row_table(a, t);
-  const int64_t hi = keys_end(a, t), lo = keys_begin(a, hi);
-  const int64_t n = hi - lo;
-  float* o = a.out + (t * s.Hkv + h) * G * D;  // [G, D]
-  std::fill(o, o + G * D, 0.0f);
-  if (n <= 0) return;
-  scratch.resize(G * n + kChunk * D);
-  float* sc = scratch.data();  // [G, n]
-  float* buf = sc + G * n;     // [kChunk, D]
-  const float* q = a.q + (t * s.Hkv + h) * G * D;
-
-  for_each_chunk<KV, kD>(s, table, kc, h, lo, hi, buf, [&](int64_t j0, const float* rows, int64_t count) {
-    for (int64_t i = 0; i < count; ++i) {
-      const float* k = rows + i * D;
-      for (int64_t g = 0; g < G; ++g) {
-        const float* qg = q + g * D;
-        float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-        for (int64_t d = 0; d < D; ++d) dot += qg[d] * k[d];
-        sc[g * n + (j0 + i - lo)] = dot;
-      }
-    }
-  });
-  float inv_l[G];
-  softmax_rows(sc, G, n, a.cap, inv_l);
-  for_each_chunk<KV, kD>(s, table, vc, h, lo, hi, buf, [&](int64_t j0, const float* rows, int64_t count) {
-    for (int64_t g = 0; g < G; ++g) {
-      float* og = o + g * D;
-      float reg[kD > 0 ? kD : 1];
-      float* acc = kD > 0 ? reg : og;
-      if (kD > 0) std::copy(og, og + D, acc);
-      const float* pg = sc + g * n + (j0 - lo);
-      for (int64_t i = 0; i < count; ++i) {
-        const float* v = rows + i * D;
-        const float p = pg[i];
-#pragma omp simd
-        for (int64_t d = 0; d < D; ++d) acc[d] += p * v[d];
-      }
-      if (kD > 0) std::copy(acc, acc + D, og);
-    }
-  });
-  for (int64_t g = 0; g < G; ++g) {
-    float* og = o + g * D;
-#pragma omp simd
-    for (int64_t d = 0; d < D; ++d) og[d] *= inv_l[g];
-  }
-}
-
+#include "paged_decode_fp8.h"         // E4M3, E5M2, convert_row, attend_head_fp8
 #include "paged_decode_fp8_avx2.h"    // attend_head_fp8_fast
 #include "paged_decode_fp8_avx512.h"  // attend_head_fp8_512
 
-// Token t's attention over its row's pages for the G query heads of KV head h (of KV heads
-// [h, h + a.hb) on the AVX-512 fp8 path, the only one given a.hb > 1).
-// kD: head_dim when known at compile time (straight-line dot products), 0 for any.
+// KV heads per work item (Args::hb): all of a token's when there are tokens enough to keep the
+// threads busy (4 a thread: items go in chunks), else one (batch 1 still splits by head). A whole
+// token's item reads each page's K (then V) as one block of BS * Hkv * D elements where one
+// head's item reads D of them every Hkv * D, a stride the hardware prefetchers follow poorly
+// (PERF_NOTES sessions 12 and 13). Taken by float32 (any head_dim) and by the AVX2 and AVX-512
+// fp8 paths (head_dim 16, 32, 64, 128); bf16 and the portable fp8 path take one head an item
+// (correct with more too: each path handles heads [h, h + hb)).
+template <typename KV>
+constexpr bool takes_whole_tokens(int64_t D) {
+  if constexpr (std::is_same_v<KV, float>) return true;
+#if defined(JAXLM_FP8_AVX512) || defined(JAXLM_FP8_AVX2)
+  if constexpr (kIsFp8<KV>) return D == 16 || D == 32 || D == 64 || D == 128;
+#endif
+  return false;
+}
+
+template <typename KV>
+int64_t heads_per_item(const Shape& s, int64_t tokens, int64_t threads) {
+  return takes_whole_tokens<KV>(s.D) && tokens >= 4 * threads ? s.Hkv : 1;
+}
+
+// Token t's attention over its row's pages for the G query heads of each of KV heads
+// [h, h + a.hb): one work item. kD: head_dim when known at compile time (straight-line dot
+// products), 0 for any.
 template <typename KV, int kD>
 void attend_head(const Args& a, int64_t t, int64_t h, std::vector<float>& scratch) {
   if constexpr (kIsFp8<KV>) {
 #if defined(JAXLM_FP8_AVX512)
     if constexpr (kD > 0) return attend_head_fp8_512<KV, kD>(a, t, h, scratch);  // kD: 16..128
-#elif defined(__F16C__) && defined(__AVX2__)
+#elif defined(JAXLM_FP8_AVX2)
     if constexpr (kD > 0 && kD % 16 == 0) return attend_head_fp8_fast<KV, kD>(a, t, h, scratch);
 #endif
-    attend_head_fp8<KV, kD>(a, t, h, scratch);
+    for (int64_t e = h + a.hb; h < e; ++h) attend_head_fp8<KV, kD>(a, t, h, scratch);
     return;
   }
   const Shape& s = a.s;
   const KV* kc = static_cast<const KV*>(a.cache);
   const KV* vc = kc + s.NB * s.BS * s.Hkv * s.D;
-  const int64_t D = kD > 0 ? kD : s.D, G = s.G;
+  const int64_t D = kD > 0 ? kD : s.D, G = s.G, hb = a.hb, HG = hb * G;
   const int32_t* table = row_table(a, t);
   const int64_t hi = keys_end(a, t), lo = keys_begin(a, hi);
   const int64_t n = hi - lo;
-  float* o = a.out + (t * s.Hkv + h) * G * D;  // [G, D]
-  if (n <= 0) return std::fill(o, o + G * D, 0.0f);  // no keys: zeros
-  scratch.resize(G * n);
-  float* sc = scratch.data();  // [G, n]: a query head's scores contiguous for the softmax
-  const float* q = a.q + (t * s.Hkv + h) * G * D;
+  float* o = a.out + (t * s.Hkv + h) * G * D;  // [HG, D]: query head x = hh * G + g of KV head h + hh
+  std::fill(o, o + HG * D, 0.0f);
+  if (n <= 0) return;  // no keys: zeros
+  scratch.resize(HG * n);
+  float* sc = scratch.data();  // [HG, n]: a query head's scores contiguous for the softmax
+  const float* q = a.q + (t * s.Hkv + h) * G * D;  // [HG, D]
 
   for_each_key(s, table, kc, lo, hi, [&](int64_t j, const KV* k) {
-    const KV* kh = k + h * D;
-    for (int64_t g = 0; g < G; ++g) {
-      const float* qg = q + g * D;
-      float dot = 0.0f;
+    for (int64_t hh = 0; hh < hb; ++hh) {
+      const KV* kh = k + (h + hh) * D;
+      for (int64_t g = 0; g < G; ++g) {
+        const float* qx = q + (hh * G + g) * D;
+        float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-      for (int64_t d = 0; d < D; ++d) dot += qg[d] * to_f32(kh[d]);
-      sc[g * n + (j - lo)] = dot;
+        for (int64_t d = 0; d < D; ++d) dot += qx[d] * to_f32(kh[d]);
+        sc[(hh * G + g) * n + (j - lo)] = dot;
+      }
     }
   });
-  float inv_l[G];
-  softmax_rows(sc, G, n, a.cap, inv_l);
-  // One query head at a time, its D sums in registers across the keys when D is known (the
-  // head's V rows stay in L1 for the group's next query head).
-  for (int64_t g = 0; g < G; ++g) {
-    float* og = o + g * D;
+  float inv_l[HG];
+  softmax_rows(sc, HG, n, a.cap, inv_l);
+  // One query head at a time, its D sums in registers across the keys when D is known (a page
+  // at a time instead, the rows in L1 for the next query head, was 1.1-1.2x slower: PERF_NOTES
+  // session 13).
+  for (int64_t x = 0; x < HG; ++x) {
+    float* ox = o + x * D;
     float reg[kD > 0 ? kD : 1];
-    float* acc = kD > 0 ? reg : og;
+    float* acc = kD > 0 ? reg : ox;  // ox: zeros
     std::fill(acc, acc + D, 0.0f);
-    const float* pg = sc + g * n - lo;
+    const float* px = sc + x * n - lo;
+    const int64_t off = (h + x / G) * D;
     for_each_key(s, table, vc, lo, hi, [&](int64_t j, const KV* v) {
-      const KV* vh = v + h * D;
-      const float p = pg[j];
+      const KV* vh = v + off;
+      const float p = px[j];
 #pragma omp simd
       for (int64_t d = 0; d < D; ++d) acc[d] += p * to_f32(vh[d]);
     });
-    if (kD > 0) std::copy(acc, acc + D, og);
+    if (kD > 0) std::copy(acc, acc + D, ox);
   }
-  for (int64_t g = 0; g < G; ++g) {
-    float* og = o + g * D;
+  for (int64_t x = 0; x < HG; ++x) {
+    float* ox = o + x * D;
 #pragma omp simd
-    for (int64_t d = 0; d < D; ++d) og[d] *= inv_l[g];
+    for (int64_t d = 0; d < D; ++d) ox[d] *= inv_l[x];
   }
 }
 
@@ -336,9 +240,9 @@ void attend_items(const Args& a, int64_t begin, int64_t end) {
   }
 }
 
-// What the threads share: the caller and XLA's pool threads take chunks of (token, KV head)
-// pairs from `next` until none is left, so a pool thread that wakes late finds less (or nothing)
-// to do instead of being waited for. Shared-owned: a task that starts after the call returned
+// What the threads share: the caller and XLA's pool threads take chunks of work items (a token's
+// a.hb KV heads) from `next` until none is left, so a pool thread that wakes late finds less (or
+// nothing) to do instead of being waited for. Shared-owned: a task that starts after the call returned
 // touches only this, and takes nothing.
 struct Split {
   Args a;
@@ -355,7 +259,7 @@ void take_chunks(Split& sp) {
   }
 }
 
-// Splits the pairs over XLA's intra-op threads when there is enough work to pay for the handoff.
+// Splits the work items over XLA's intra-op threads when there is enough work to pay for the handoff.
 template <typename KV>
 void attend_all(Args a, int64_t num_decode, ffi::ThreadPool& pool) {
   int64_t keys = 0;

@@ -1,8 +1,10 @@
 // paged_decode.cc's fp8 path for AVX2 + F16C (head_dim a multiple of 16): a part of that file,
 // included once inside its anonymous namespace, after the helpers it uses (Shape, Args, E4M3,
-// E5M2, convert_row, for_each_key, softmax_rows). kernels_cpu/build.py hashes it with the sources.
+// E5M2, convert_row, for_each_key, for_each_page, softmax_rows). kernels_cpu/build.py hashes it
+// with the sources.
 
 #if defined(__F16C__) && defined(__AVX2__)
+#define JAXLM_FP8_AVX2 1  // attend_head takes attend_head_fp8_fast (unless the AVX-512 path is built)
 // The fast fp8 path (head_dim a multiple of 16 known at compile time): each key's head row is
 // converted once, in registers, and used there by all G query heads; no float copy of the row
 // is written. A byte becomes an f16 in two integer operations (e5m2 is an f16's high byte;
@@ -67,99 +69,98 @@ inline __m256 lane_sums8(const __m256* v) {
   return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
 }
 
-// Pages are read one head's row (a cache line or two) every Hkv * D bytes: the hardware
-// prefetchers miss that stride, and the kernel waited on memory for each row (30 layers' caches,
-// 378 MB: 1.6 GB/s). So the rows of the page kAhead pages on are requested while this one is read.
+// One head's rows of a page are a cache line or two every Hkv * D bytes: the hardware prefetchers
+// miss that stride, and the kernel waited on memory for each row (30 layers' caches, 378 MB:
+// 1.6 GB/s, PERF_NOTES session 11). So the rows of heads [h, h + hb) of the page kAhead pages on
+// are requested while this one is read (all heads: the page's whole block).
 constexpr int64_t kAhead = 4;
 
 template <int kD, typename KV>
-inline void prefetch_page(const Shape& s, const int32_t* table, const KV* base, int64_t h, int64_t first,
-                          int64_t hi) {
+inline void prefetch_page(const Shape& s, const int32_t* table, const KV* base, int64_t h, int64_t hb,
+                          int64_t first, int64_t hi) {
   const int64_t next = first + kAhead * s.BS;
   if (next >= hi) return;
   const int64_t row_len = s.Hkv * kD;
   const char* rows = reinterpret_cast<const char*>(
       base + std::clamp<int64_t>(table[next / s.BS], 0, s.NB - 1) * s.BS * row_len + h * kD);
   for (int64_t i = 0; i < s.BS; ++i)
-    for (int64_t c = 0; c < int64_t(kD * sizeof(KV)); c += 64)
+    for (int64_t c = 0; c < hb * kD * int64_t(sizeof(KV)); c += 64)
       _mm_prefetch(rows + i * row_len * int64_t(sizeof(KV)) + c, _MM_HINT_T0);
 }
 
-// o[g, :] += sum over keys j in [lo, hi) of p[g * n + j] * V[j] for kG heads: p is the heads'
-// probabilities (offset by -lo), o their [kG, kD] sums (V as floats / kScale).
+// o[g, :] += sum over keys j in [js, je) of one page of p[g * n + j] * V[j] for kG heads: p is the
+// heads' probabilities (offset by -first), o their [kG, kD] sums (V as floats / kScale), key j's
+// row at rows + j * row_len. 16 floats of the head dim a pass over the page's keys, whose rows
+// stay in L1 for the next 16.
 template <typename KV, int kD, int kG>
-void accumulate_v(const Shape& s, const int32_t* table, const KV* vc, int64_t h, int64_t lo, int64_t hi,
-                  const float* p, int64_t n, float* o) {
-  const int64_t row_len = s.Hkv * kD;
-  for (int64_t first = lo - lo % s.BS; first < hi; first += s.BS) {
-    const int64_t page = std::clamp<int64_t>(table[first / s.BS], 0, s.NB - 1);
-    const KV* rows = vc + page * s.BS * row_len + h * kD;
-    const int64_t js = std::max(first, lo), je = std::min(first + s.BS, hi);
-    prefetch_page<kD>(s, table, vc, h, first, hi);
-    for (int b = 0; b < kD; b += 16) {
-      __m256 acc[kG][2];
-      for (int g = 0; g < kG; ++g)
-        for (int i = 0; i < 2; ++i) acc[g][i] = _mm256_loadu_ps(o + g * kD + b + 8 * i);
-      for (int64_t j = js; j < je; ++j) {
-        __m256 v[2];
-        load_row_fp8<KV, 16>(rows + (j - first) * row_len + b, v);
-        for (int g = 0; g < kG; ++g) {
-          const __m256 pj = _mm256_broadcast_ss(p + g * n + j);
-          acc[g][0] = _mm256_fmadd_ps(pj, v[0], acc[g][0]);
-          acc[g][1] = _mm256_fmadd_ps(pj, v[1], acc[g][1]);
-        }
+void accumulate_v(const KV* rows, int64_t row_len, int64_t js, int64_t je, const float* p, int64_t n, float* o) {
+  for (int b = 0; b < kD; b += 16) {
+    __m256 acc[kG][2];
+    for (int g = 0; g < kG; ++g)
+      for (int i = 0; i < 2; ++i) acc[g][i] = _mm256_loadu_ps(o + g * kD + b + 8 * i);
+    for (int64_t j = js; j < je; ++j) {
+      __m256 v[2];
+      load_row_fp8<KV, 16>(rows + j * row_len + b, v);
+      for (int g = 0; g < kG; ++g) {
+        const __m256 pj = _mm256_broadcast_ss(p + g * n + j);
+        acc[g][0] = _mm256_fmadd_ps(pj, v[0], acc[g][0]);
+        acc[g][1] = _mm256_fmadd_ps(pj, v[1], acc[g][1]);
       }
-      for (int g = 0; g < kG; ++g)
-        for (int i = 0; i < 2; ++i) _mm256_storeu_ps(o + g * kD + b + 8 * i, acc[g][i]);
     }
+    for (int g = 0; g < kG; ++g)
+      for (int i = 0; i < 2; ++i) _mm256_storeu_ps(o + g * kD + b + 8 * i, acc[g][i]);
   }
 }
 
+// Token t's attention for KV heads [h, h + a.hb) (heads_per_item, paged_decode.cc) and their G
+// query heads each: with all of a token's heads, each page's K and V are read as one block.
 template <typename KV, int kD>
 void attend_head_fp8_fast(const Args& a, int64_t t, int64_t h, std::vector<float>& scratch) {
   const Shape& s = a.s;
   const KV* kc = static_cast<const KV*>(a.cache);
   const KV* vc = kc + s.NB * s.BS * s.Hkv * s.D;
-  const int64_t G = s.G;
+  const int64_t G = s.G, hb = a.hb, HG = hb * G, row_len = s.Hkv * kD;
   const int32_t* table = row_table(a, t);
   const int64_t hi = keys_end(a, t), lo = keys_begin(a, hi);
   const int64_t n = hi - lo;
-  float* o = a.out + (t * s.Hkv + h) * G * kD;  // [G, kD]
-  std::fill(o, o + G * kD, 0.0f);
+  float* o = a.out + (t * s.Hkv + h) * G * kD;  // [HG, kD]: query head x = hh * G + g of KV head h + hh
+  std::fill(o, o + HG * kD, 0.0f);
   if (n <= 0) return;
-  // Scores [G, n], then the G heads' partial dot products of 8 keys ([G, 8] vectors).
-  scratch.resize(G * n + G * 8 * 8 + 8);
+  // Scores [HG, n], then the HG heads' partial dot products of 8 keys ([HG, 8] vectors).
+  scratch.resize(HG * n + HG * 8 * 8 + 8);
   float* sc = scratch.data();
   __m256* part = reinterpret_cast<__m256*>(
-      (reinterpret_cast<uintptr_t>(sc + G * n) + 31) & ~uintptr_t(31));
-  const float* q = a.q + (t * s.Hkv + h) * G * kD;
+      (reinterpret_cast<uintptr_t>(sc + HG * n) + 31) & ~uintptr_t(31));
+  const float* q = a.q + (t * s.Hkv + h) * G * kD;  // [HG, kD]
   const __m256 kscale = _mm256_set1_ps(Fp8Fast<KV>::kScale);
 
-  // Scores: 8 keys' products per head summed across lanes at once.
+  // Scores: 8 keys' products per query head summed across lanes at once.
   int64_t count = 0, j0 = lo;
   auto flush = [&] {
-    for (int64_t g = 0; g < G; ++g) {
-      __m256* pg = part + g * 8;
-      for (int64_t i = count; i < 8; ++i) pg[i] = _mm256_setzero_ps();
-      const __m256 sums = _mm256_mul_ps(lane_sums8(pg), kscale);
+    for (int64_t x = 0; x < HG; ++x) {
+      __m256* px = part + x * 8;
+      for (int64_t i = count; i < 8; ++i) px[i] = _mm256_setzero_ps();
+      const __m256 sums = _mm256_mul_ps(lane_sums8(px), kscale);
       alignas(32) float tmp[8];
       _mm256_store_ps(tmp, sums);
-      std::copy(tmp, tmp + count, sc + g * n + (j0 - lo));
+      std::copy(tmp, tmp + count, sc + x * n + (j0 - lo));
     }
   };
   for_each_key(s, table, kc, lo, hi, [&](int64_t j, const KV* row) {
-    if (j % s.BS == 0 || j == lo) prefetch_page<kD>(s, table, kc, h, j - j % s.BS, hi);
-    __m256 k[kD / 8];
-    load_row_fp8<KV, kD>(row + h * kD, k);
-    for (int64_t g = 0; g < G; ++g) {
-      const float* qg = q + g * kD;
-      __m256 acc0 = _mm256_mul_ps(_mm256_loadu_ps(qg), k[0]);
-      __m256 acc1 = _mm256_mul_ps(_mm256_loadu_ps(qg + 8), k[1]);
-      for (int i = 2; i < kD / 8; i += 2) {
-        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + 8 * i), k[i], acc0);
-        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + 8 * i + 8), k[i + 1], acc1);
+    if (j % s.BS == 0 || j == lo) prefetch_page<kD>(s, table, kc, h, hb, j - j % s.BS, hi);
+    for (int64_t hh = 0; hh < hb; ++hh) {
+      __m256 k[kD / 8];
+      load_row_fp8<KV, kD>(row + (h + hh) * kD, k);
+      for (int64_t g = 0; g < G; ++g) {
+        const float* qx = q + (hh * G + g) * kD;
+        __m256 acc0 = _mm256_mul_ps(_mm256_loadu_ps(qx), k[0]);
+        __m256 acc1 = _mm256_mul_ps(_mm256_loadu_ps(qx + 8), k[1]);
+        for (int i = 2; i < kD / 8; i += 2) {
+          acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(qx + 8 * i), k[i], acc0);
+          acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(qx + 8 * i + 8), k[i + 1], acc1);
+        }
+        part[(hh * G + g) * 8 + count] = _mm256_add_ps(acc0, acc1);
       }
-      part[g * 8 + count] = _mm256_add_ps(acc0, acc1);
     }
     if (++count == 8) {
       flush();
@@ -168,25 +169,32 @@ void attend_head_fp8_fast(const Args& a, int64_t t, int64_t h, std::vector<float
     }
   });
   if (count) flush();
-  float inv_l[G];
-  softmax_rows(sc, G, n, a.cap, inv_l);
-  // V: heads in groups of up to 4, their sums in registers, 16 floats of the head dim at a time,
-  // a page of keys per pass (its rows stay in L1 for the next 16 floats).
-  for (int64_t g0 = 0; g0 < G; g0 += 4) {
-    float* og = o + g0 * kD;
-    const float* pg = sc + g0 * n - lo;
-    switch (std::min<int64_t>(G - g0, 4)) {
-      case 1: accumulate_v<KV, kD, 1>(s, table, vc, h, lo, hi, pg, n, og); break;
-      case 2: accumulate_v<KV, kD, 2>(s, table, vc, h, lo, hi, pg, n, og); break;
-      case 3: accumulate_v<KV, kD, 3>(s, table, vc, h, lo, hi, pg, n, og); break;
-      default: accumulate_v<KV, kD, 4>(s, table, vc, h, lo, hi, pg, n, og); break;
+  float inv_l[HG];
+  softmax_rows(sc, HG, n, a.cap, inv_l);
+  // V a page at a time; for each KV head its query heads in groups of up to 4, their sums in
+  // registers.
+  for_each_page(s, table, vc, lo, hi, [&](int64_t first, int64_t js, int64_t je, const KV* page) {
+    prefetch_page<kD>(s, table, vc, h, hb, first, hi);
+    const KV* rows = page + h * kD - first * row_len;  // key j's row: rows + j * row_len
+    for (int64_t x = 0; x < HG;) {
+      const int64_t hh = x / G, g = std::min<int64_t>(G - x % G, 4);  // within KV head h + hh
+      const KV* hr = rows + hh * kD;
+      const float* p = sc + x * n - lo;
+      float* ox = o + x * kD;
+      switch (g) {
+        case 1: accumulate_v<KV, kD, 1>(hr, row_len, js, je, p, n, ox); break;
+        case 2: accumulate_v<KV, kD, 2>(hr, row_len, js, je, p, n, ox); break;
+        case 3: accumulate_v<KV, kD, 3>(hr, row_len, js, je, p, n, ox); break;
+        default: accumulate_v<KV, kD, 4>(hr, row_len, js, je, p, n, ox); break;
+      }
+      x += g;
     }
-  }
-  for (int64_t g = 0; g < G; ++g) {
-    float* og = o + g * kD;
-    const float f = inv_l[g] * Fp8Fast<KV>::kScale;
+  });
+  for (int64_t x = 0; x < HG; ++x) {
+    float* ox = o + x * kD;
+    const float f = inv_l[x] * Fp8Fast<KV>::kScale;
 #pragma omp simd
-    for (int64_t d = 0; d < kD; ++d) og[d] *= f;
+    for (int64_t d = 0; d < kD; ++d) ox[d] *= f;
   }
 }
 #endif

@@ -208,8 +208,9 @@ void scores_512(const Shape& s, const int32_t* table, const KV* kc, int64_t h, i
 }
 
 // Token t's attention for KV heads [h, h + a.hb) and their G query heads each. Several KV heads
-// an item read each page's K and V as one block (their rows interleave): 1.3x faster on the Xeon
-// of PERF_NOTES session 12 than one head's rows every Hkv * D bytes.
+// an item (heads_per_item, paged_decode.cc) read each page's K and V as one block (their rows
+// interleave): 1.3x faster on the Xeon of PERF_NOTES session 12 than one head's rows every
+// Hkv * D bytes.
 template <typename KV, int kD>
 void attend_head_fp8_512(const Args& a, int64_t t, int64_t h, std::vector<float>& scratch) {
   static_assert(kD == 16 || kD == 32 || kD == 64 || kD == 128);
@@ -257,14 +258,4 @@ void attend_head_fp8_512(const Args& a, int64_t t, int64_t h, std::vector<float>
   }
 }
 
-// KV heads per work item: all of a token's for this path when there are tokens enough to keep
-// the threads busy (4 per thread: items go in chunks), else one (batch 1 still splits by head).
-template <typename KV>
-int64_t heads_per_item(const Shape& s, int64_t tokens, int64_t threads) {
-  const bool fast = kIsFp8<KV> && (s.D == 16 || s.D == 32 || s.D == 64 || s.D == 128);
-  return fast && tokens >= 4 * threads ? s.Hkv : 1;
-}
-#else
-template <typename KV>
-int64_t heads_per_item(const Shape&, int64_t, int64_t) { return 1; }
 #endif

@@ -53,9 +53,10 @@ int main(int argc, char** argv) {
   };
   for (int k = 0; k < 1; ++k) {
     a.cache = c32.data();
-    run("f32", [&] { for (int l = 0; l < L; ++l) { a.cache = c32.data() + l * n1; attend_items<float>(a, 0, T * Hkv); } });
+    a.hb = heads_per_item<float>(a.s, T, 1);  // KV heads per work item, as attend_all picks them
+    run("f32", [&] { for (int l = 0; l < L; ++l) { a.cache = c32.data() + l * n1; attend_items<float>(a, 0, T * Hkv / a.hb); } });
     a.cache = c8.data();
-    a.hb = heads_per_item<E4M3>(a.s, T, 1);  // KV heads per work item, as attend_all picks them
+    a.hb = heads_per_item<E4M3>(a.s, T, 1);
     run("e4m3", [&] { for (int l = 0; l < L; ++l) { a.cache = c8.data() + l * n1; attend_items<E4M3>(a, 0, T * Hkv / a.hb); } });
     run("e5m2", [&] { for (int l = 0; l < L; ++l) { a.cache = c8.data() + l * n1; attend_items<E5M2>(a, 0, T * Hkv / a.hb); } });
     a.hb = 1;

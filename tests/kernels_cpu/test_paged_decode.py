@@ -78,16 +78,22 @@ def test_fp8_conversion_is_exact_for_every_byte(cpu_kernels, dtype):
     np.testing.assert_array_equal(np.asarray(out)[:, 0, 0, :], want)  # NaN == NaN here
 
 
-@pytest.mark.parametrize("dtype", [jnp.float8_e4m3fn, jnp.float8_e5m2])
-@pytest.mark.parametrize("hq,hkv,d", [(6, 2, 64), (5, 1, 16), (6, 2, 24), (8, 2, 128), (4, 1, 32)])
+# Work items: with T=12 tokens (at least 4 a thread, up to 3 threads) an item takes all of a
+# token's KV heads (float32, and fp8 on the AVX2 and AVX-512 paths), with T=5 one KV head
+# (fewer than 4 tokens a thread, from 2 threads on); bf16 takes one head an item either way.
+_NAN_CASES = [(6, 2, 64), (5, 1, 16), (6, 2, 24), (8, 2, 128), (4, 1, 32)]
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float8_e4m3fn, jnp.float8_e5m2])
+@pytest.mark.parametrize("hq,hkv,d", _NAN_CASES)
 @pytest.mark.parametrize("T", [12, 5])
-def test_fp8_nan_in_read_rows_and_any_head_dim_match_reference(cpu_kernels, dtype, hq, hkv, d, T):
-    """The fp8 rows the kernel reads may hold NaN (e4m3fn's S.1111.111 has no half-precision
+def test_nan_in_read_rows_and_any_head_dim_match_reference(cpu_kernels, dtype, hq, hkv, d, T):
+    """The rows the kernel reads may hold NaN (for fp8, e4m3fn's S.1111.111 has no half-precision
     twin, so the fast paths must notice it, in rows of 16, 32, 64 and 128 bytes): a token that
     reads one gets NaN for the heads of that KV head, as the reference does, and every other value
-    still matches. d=24 takes the generic path (head_dim without a specialised kernel); G=5 and
-    G=4 at d=128 split the V sums into groups. With AVX-512, T=12 tokens take all their KV heads
-    per work item (on up to 3 threads), T=5 one KV head (fewer than 4 tokens a thread)."""
+    still matches, whether a work item is one KV head of a token or all of them (T, above).
+    d=24 takes the generic path (head_dim without a specialised kernel); G=5 and G=4 at d=128
+    split the fp8 V sums into groups."""
     rng = np.random.default_rng(d + hq)
     bs = 16
     q, cache, positions, rows, tables = _case(rng, T=T, hq=hq, hkv=hkv, d=d, bs=bs, nb=64, pages=6, dtype=jnp.float32)
@@ -112,8 +118,9 @@ def test_fp8_nan_in_read_rows_and_any_head_dim_match_reference(cpu_kernels, dtyp
 def test_fp8_portable_builds_match_reference(tmp_path, march, needs):
     """The fp8 paths a -march=native build may not take here, each built in a fresh process (a
     process registers one library per target): x86-64, the integer conversion on chunks of rows;
-    x86-64-v3, the AVX2 + F16C path (an AVX-512 CPU takes the AVX-512 one natively). Against the
-    reference with NaN garbage pages and NaN rows, and every byte value exact."""
+    x86-64-v3, the AVX2 + F16C path (an AVX-512 CPU takes the AVX-512 one natively), and float32
+    compiled for each. Against the reference with NaN garbage pages and NaN rows (work items of
+    one KV head and of a whole token), and every byte value exact."""
     import platform
     import subprocess
     import sys
@@ -131,10 +138,14 @@ import tests.kernels_cpu.test_paged_decode as t
 build._COMPILE = [f if f != "-march=native" else "-march={march}" for f in build._COMPILE]
 build._SOURCES, build.TARGETS = build._SOURCES[:1], build.TARGETS[:1]  # paged_decode.cc alone
 build.load_cpu_kernels({str(tmp_path)!r})
-for dtype in (jnp.float8_e4m3fn, jnp.float8_e5m2):
+for dtype in (jnp.float32, jnp.float8_e4m3fn, jnp.float8_e5m2):
     t.test_matches_reference(None, dtype, 9, 3, 64, None, None)
-    t.test_fp8_conversion_is_exact_for_every_byte(None, dtype)
-    t.test_fp8_nan_in_read_rows_and_any_head_dim_match_reference(None, dtype, 6, 2, 64, 12)
+    t.test_matches_reference(None, dtype, 8, 1, 32, 7, 30.0)
+    if dtype != jnp.float32:
+        t.test_fp8_conversion_is_exact_for_every_byte(None, dtype)
+    for hq, hkv, d in t._NAN_CASES:
+        for T in (12, 5):
+            t.test_nan_in_read_rows_and_any_head_dim_match_reference(None, dtype, hq, hkv, d, T)
 print("ok")
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
