@@ -12,15 +12,18 @@
 // (+ m d_x sum(qx) for Q4_1, - 8 d_w d_x sum(qx) for Q4_0). The integer dots use AVX-VNNI /
 // AVX512-VNNI (dpbusd) or AVX2 (maddubs + madd) when -march=native has them, else plain C++.
 //
-// Three paths; the threads take tiles of kTileN weight rows in each.
-//  * One to three rows (batch-1 decode; gguf_matmul_rows.h): the integer dots a row of x at a
-//    time against four weight rows (independent accumulators, the next rows prefetched): a
-//    stream over W.
-//  * kLanesMinRows (4) rows and more, below f32_min_rows (batched decode, and prefill: the model
-//    passes f32_min_rows 0; gguf_matmul_lanes.h): rows of x in vector lanes, 8 or 16 a vector,
-//    a weight row's 4 bytes broadcast against them, so one dpbusd serves every row and the
-//    block's scales are one vector op per weight row. Q6_K and the generic build take the row
-//    path for these too (rows four at a time against two weight rows).
+// W reaches the kernel in its kernel layout (gguf_matmul.py: to_kernel_layout): the K-quants as the
+// file has them, [N, row bytes]; Q4_0, Q4_1 and Q8_0 with their rows interleaved 16 at a time,
+// [ceil(N / 16), 16 * row bytes] (the same bytes, Q8_0's q stored as q + 128; gguf_matmul_il.h).
+// Paths; the threads take groups or tiles of 16 weight rows in each.
+//  * Q4_0 / Q4_1 / Q8_0 below f32_min_rows (decode, batched decode, prefill: the model passes
+//    f32_min_rows 0; gguf_matmul_il.h): weight rows in vector lanes, 4 int8 of x broadcast
+//    against 4 bytes of 16 weight rows, one dpbusd advancing all 16 rows' dot products; up to 4
+//    rows of x take turns against a group's block while it is in L1.
+//  * K-quants, fewer than kLanesMinRows (4) rows (matmul_tile below): a row of x at a time.
+//  * Q4_K / Q5_K from kLanesMinRows rows (gguf_matmul_lanes.h): rows of x in vector lanes, 8 or 16
+//    a vector, a weight row's 4 bytes broadcast against them. Q6_K and the generic build take the
+//    row path for these too.
 //  * M >= f32_min_rows: each tile is dequantized once to f32 and reused across every row of x
 //    in a register-blocked f32 product (x as given, not rounded; gguf_matmul_f32.h). The model
 //    does not use it (XLA's dot measured faster).
@@ -162,9 +165,21 @@ constexpr int64_t block_bytes() {
   return 0;
 }
 
-#include "gguf_matmul_rows.h"
-#include "gguf_matmul_f32.h"
+// The K-quants a row of x at a time (gguf_kquants.h's dot_row_k): fewer than kLanesMinRows rows,
+// Q6_K at any count, and every K-quant product of the generic build.
+template <int T>
+void matmul_tile(const uint8_t* w, int64_t row_bytes, const QuantizedX& qx, int64_t M, int64_t K, int64_t N,
+                 int64_t n0, int64_t n1, float* out) {
+  int64_t m = 0;
+  for (; m + kRowsM <= M; m += kRowsM)
+    for (int64_t n = n0; n < n1; ++n) dot_row_k<T, kRowsM>(w + n * row_bytes, K / kQK_K, qx, m, K, out, N, n);
+  for (; m < M; ++m)
+    for (int64_t n = n0; n < n1; ++n) dot_row_k<T, 1>(w + n * row_bytes, K / kQK_K, qx, m, K, out, N, n);
+}
+
 #include "gguf_matmul_lanes.h"
+#include "gguf_matmul_il.h"
+#include "gguf_matmul_f32.h"
 
 // Items [0, items) split over the caller and XLA's intra-op threads in chunks taken from a shared
 // counter (a pool thread that wakes late finds less, or nothing, to do instead of being waited
@@ -252,10 +267,13 @@ ffi::Error GgufMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
         "gguf_matmul: GGUF type must be Q4_0 (2), Q4_1 (3), Q8_0 (8), Q4_K (12), Q5_K (13) or Q6_K (14)");
   if (xd.size() != 2 || wd.size() != 2 || od.size() != 2)
     return ffi::Error::InvalidArgument("gguf_matmul: x [M, K], w [N, K / block values * block bytes], out [M, N]");
-  const int64_t M = xd[0], K = xd[1], N = wd[0];
-  if (K % qk != 0 || wd[1] != K / qk * bb || od[0] != M || od[1] != N)
+  const int64_t M = xd[0], K = xd[1], N = od[1];
+  const bool il = qtype == kQ4_0 || qtype == kQ4_1 || qtype == kQ8_0;  // rows interleaved by 16 (gguf_matmul_il.h)
+  const int64_t w_rows = il ? (N + kIL - 1) / kIL : N, w_row_bytes = K / qk * bb * (il ? kIL : 1);
+  if (K % qk != 0 || wd[0] != w_rows || wd[1] != w_row_bytes || od[0] != M)
     return ffi::Error::InvalidArgument(
-        "gguf_matmul: shapes of x, w and out disagree (K must be whole blocks: 32 values, 256 for K-quants)");
+        "gguf_matmul: shapes of x, w and out disagree (K must be whole blocks: 32 values, 256 for K-quants; "
+        "Q4_0 / Q4_1 / Q8_0 weights in the kernel layout, [ceil(N / 16), 16 * row bytes])");
   float* o = out->typed_data();
   if (M == 0 || N == 0) return ffi::Error::Success();
   if (K == 0) {
@@ -280,19 +298,25 @@ ffi::Error GgufMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
   parallel_for(pool, M, M * K * 8, [&](int64_t m0, int64_t m1) { quantize_rows(xp, K, m0, m1, qx); });
   with_type(qtype, [&](auto t) {
     constexpr int T = decltype(t)::value;
+    if constexpr (interleaved<T>()) {
+      parallel_for(pool, w_rows, M * N * K, [&](int64_t g0, int64_t g1) {
+        il_groups<T>(wp, K / kQK, qx, M, K, o, N, g0, g1);
+      });
+    } else {
 #if defined(JAXLM_AVX2)
-    if constexpr (has_lanes<T>()) {
-      if (M >= kLanesMinRows) {
+      if constexpr (has_lanes<T>()) {
+        if (M >= kLanesMinRows) {
 #if defined(JAXLM_LANES16)
-        if (M > Lanes8::L) return lanes_all<T, Lanes16>(pool, wp, row_bytes, qx, M, K, N, o);
+          if (M > Lanes8::L) return lanes_all<T, Lanes16>(pool, wp, row_bytes, qx, M, K, N, o);
 #endif
-        return lanes_all<T, Lanes8>(pool, wp, row_bytes, qx, M, K, N, o);
+          return lanes_all<T, Lanes8>(pool, wp, row_bytes, qx, M, K, N, o);
+        }
       }
-    }
 #endif
-    parallel_for(pool, tiles, M * N * K, [&](int64_t t0, int64_t t1) {
-      matmul_tile<T>(wp, row_bytes, qx, M, K, N, t0 * kTileN, std::min(N, t1 * kTileN), o);
-    });
+      parallel_for(pool, tiles, M * N * K, [&](int64_t t0, int64_t t1) {
+        matmul_tile<T>(wp, row_bytes, qx, M, K, N, t0 * kTileN, std::min(N, t1 * kTileN), o);
+      });
+    }
   });
   return ffi::Error::Success();
 }

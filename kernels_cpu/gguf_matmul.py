@@ -1,4 +1,4 @@
-"""The C++ GGUF block matmul (gguf_matmul.cc) as a JAX function, and its NumPy references."""
+"""The C++ GGUF block matmul (gguf_matmul.cc) as a JAX function, its weight layout, and its NumPy references."""
 
 from __future__ import annotations
 
@@ -36,20 +36,98 @@ QK = 32
 F32_MIN_ROWS = 1024
 
 
-def gguf_matmul_cpu(x: jax.Array, w: jax.Array, qtype: int, *, f32_min_rows: int = F32_MIN_ROWS) -> jax.Array:
-    """x [..., K] (cast to f32) @ W^T -> [..., N] f32, W [N, K] given as its GGUF blocks ``w``
-    [N, K / block values * block bytes] uint8 of type ``qtype`` (GGUF_KERNEL_TYPES). Fewer than
-    ``f32_min_rows`` rows of x are rounded to int8 per block of 32 inside (as llama.cpp does);
-    more are multiplied as given (0: always rounded). Needs load_cpu_kernels()."""
+# The 32-value types reach the kernel with their weight rows interleaved IL at a time
+# (gguf_matmul_il.h spells out the layout): one 64-byte load then holds 4 bytes of 16 rows, so
+# one dpbusd advances 16 rows' dot products. Same bytes as the file's (Q8_0's q stored + 128).
+INTERLEAVED_TYPES = frozenset((2, 3, 8))
+IL = 16
+
+
+def kernel_rows(n: int, qtype: int) -> int:
+    """Rows of the kernel layout of an [n, ...] tensor of type qtype."""
+    return -(-n // IL) if qtype in INTERLEAVED_TYPES else n
+
+
+def to_kernel_layout(blocks: np.ndarray, qtype: int) -> np.ndarray:
+    """A tensor's blocks as the file has them, [N, row bytes] uint8, in the kernel's layout:
+    unchanged for the K-quants; for Q4_0 / Q4_1 / Q8_0 [ceil(N / 16), 16 * row bytes], each group
+    of 16 rows (the last padded with zero rows) block by block: the 16 f16 scales, Q4_1's 16 mins,
+    then the values in 64-byte chunks of 4 bytes a row (Q8_0's as q + 128). Host-side, at load."""
+    blocks = np.asarray(blocks, np.uint8)
+    if qtype not in INTERLEAVED_TYPES:
+        return blocks
+    size = GGUF_KERNEL_TYPES[qtype].type_size
+    n, nb = blocks.shape[0], blocks.shape[1] // size
+    g = -(-n // IL)
+    b = np.zeros((g * IL, nb, size), np.uint8)
+    b[:n] = blocks.reshape(n, nb, size)
+    b = b.reshape(g, IL, nb, size).transpose(0, 2, 1, 3)  # [group, block, row, bytes]
+    head = 4 if qtype == 3 else 2
+    vals = b[..., head:]
+    if qtype == 8:
+        vals = vals ^ np.uint8(0x80)
+    vals = vals.reshape(g, nb, IL, -1, 4).transpose(0, 1, 3, 2, 4)  # [group, block, chunk, row, 4]
+    parts = [b[..., 0:2], *([b[..., 2:4]] if qtype == 3 else []), vals]
+    return np.concatenate([p.reshape(g, nb, -1) for p in parts], axis=-1).reshape(g, -1)
+
+
+def _kernel_fields(w: jax.Array, qtype: int) -> list[jax.Array]:
+    """Groups [..., nb * 16 * block bytes] of the kernel layout -> the file's block fields with the
+    row in the group as an axis: each [..., nb, 16, bytes] (d, Q4_1's m, the values)."""
+    size = GGUF_KERNEL_TYPES[qtype].type_size
+    g = w.reshape(*w.shape[:-1], -1, IL * size)
+    lead = g.shape[:-1]
+    fields = [g[..., 0:32].reshape(*lead, IL, 2)]
+    at = 32
+    if qtype == 3:
+        fields.append(g[..., 32:64].reshape(*lead, IL, 2))
+        at = 64
+    vals = g[..., at:].reshape(*lead, -1, IL, 4)
+    vals = jnp.swapaxes(vals, -3, -2).reshape(*lead, IL, -1)
+    if qtype == 8:
+        vals = vals ^ jnp.uint8(0x80)
+    return fields + [vals]
+
+
+def from_kernel_layout(w: jax.Array, qtype: int, n: int) -> jax.Array:
+    """The kernel layout back to the file's blocks [n, row bytes], in XLA (many-rows products)."""
+    if qtype not in INTERLEAVED_TYPES:
+        return w
+    blocks = jnp.concatenate(_kernel_fields(w, qtype), axis=-1)  # [G, nb, 16, size]
+    g, nb = blocks.shape[:2]
+    return jnp.swapaxes(blocks, 1, 2).reshape(g * IL, -1)[:n]
+
+
+def kernel_layout_take(w: jax.Array, ids: jax.Array, qtype: int) -> jax.Array:
+    """Rows ``ids`` of a tensor in the kernel layout, as the file's blocks [..., row bytes] (the
+    embedding's lookup): each id's group gathered, then its row picked out of each field."""
+    if qtype not in INTERLEAVED_TYPES:
+        return jnp.take(w, ids, axis=0)
+    groups = jnp.take(w, ids // IL, axis=0)  # [..., G bytes]
+    lane = (ids % IL)[..., None, None, None]
+    fields = [jnp.take_along_axis(f, lane, axis=-2)[..., 0, :] for f in _kernel_fields(groups, qtype)]
+    return jnp.concatenate(fields, axis=-1).reshape(*ids.shape, -1)
+
+
+def gguf_matmul_cpu(x: jax.Array, w: jax.Array, qtype: int, *, n: int | None = None,
+                    f32_min_rows: int = F32_MIN_ROWS) -> jax.Array:
+    """x [..., K] (cast to f32) @ W^T -> [..., N] f32, W [N, K] given as its GGUF blocks of type
+    ``qtype`` (GGUF_KERNEL_TYPES) in the kernel layout (``to_kernel_layout``; ``n``: N, needed
+    where the interleaved layout padded it to a multiple of 16). Fewer than ``f32_min_rows`` rows
+    of x are rounded to int8 per block of 32 inside (as llama.cpp does); more are multiplied as
+    given (0: always rounded). Needs load_cpu_kernels()."""
     if qtype not in GGUF_KERNEL_TYPES:
         raise ValueError(f"gguf_matmul_cpu: GGUF type {qtype} has no kernel (kernel types: "
                          f"{', '.join(t.name for t in GGUF_KERNEL_TYPES.values())})")
     lead, k = x.shape[:-1], x.shape[-1]
-    n = w.shape[0]
+    il = qtype in INTERLEAVED_TYPES
+    n = n if n is not None else w.shape[0] * (IL if il else 1)
     bt = GGUF_KERNEL_TYPES[qtype]
-    if k % bt.block_size or w.shape[1] != k // bt.block_size * bt.type_size:
+    row_bytes = k // bt.block_size * bt.type_size * (IL if il else 1)
+    if k % bt.block_size or w.shape != (kernel_rows(n, qtype), row_bytes):
         raise ValueError(f"gguf_matmul_cpu: x [..., {k}] does not match {bt.name} blocks of shape {tuple(w.shape)} "
-                         f"({bt.block_size} values in {bt.type_size} bytes a block)")
+                         f"for {n} rows ({bt.block_size} values in {bt.type_size} bytes a block"
+                         + (", rows interleaved by 16: to_kernel_layout" if il else "") + ")")
     x2 = x.reshape(-1, k).astype(jnp.float32)
     call = jax.ffi.ffi_call("jaxlm_gguf_matmul", jax.ShapeDtypeStruct((x2.shape[0], n), jnp.float32),
                             vmap_method="sequential")

@@ -1,5 +1,5 @@
 // gguf_matmul.cc's many-rows path (M >= f32_min_rows): a part of that file, included once inside
-// its anonymous namespace, after the block types and gguf_kquants.h. kernels_cpu/build.py hashes
+// its anonymous namespace, after the block types, gguf_kquants.h and gguf_matmul_il.h. kernels_cpu/build.py hashes
 // it with the sources.
 
 // ---- Many rows (prefill): a tile of kTileN weight rows dequantized once to f32, laid out [K][16]
@@ -76,11 +76,17 @@ void matmul_tile_f32(const uint8_t* w, int64_t row_bytes, const float* x, int64_
                      int64_t n0, int64_t n1, float* out) {
   const int64_t nb = K / kQK;
   std::vector<float> row(K), tile(K * 16);
+  std::vector<uint8_t> blocks(interleaved<T>() ? nb * block_bytes<T>() : 0);
   for (int64_t t0 = n0; t0 < n1; t0 += 16) {
     const int64_t nt = std::min<int64_t>(16, n1 - t0);
     std::fill(tile.begin(), tile.end(), 0.0f);
     for (int64_t j = 0; j < nt; ++j) {
-      dequantize_row<T>(w + (t0 + j) * row_bytes, nb, row.data());
+      if constexpr (interleaved<T>()) {  // the row's blocks back in the file's layout
+        il_row_blocks<T>(w, nb, t0 + j, blocks.data());
+        dequantize_row<T>(blocks.data(), nb, row.data());
+      } else {
+        dequantize_row<T>(w + (t0 + j) * row_bytes, nb, row.data());
+      }
       for (int64_t k = 0; k < K; ++k) tile[k * 16 + j] = row[k];
     }
     int64_t m = 0;

@@ -151,26 +151,16 @@ void unpack_cols(const uint8_t* w, int64_t row_bytes, int64_t K, int64_t n, int6
       continue;
     }
     const uint8_t* wrow = w + (n + c) * row_bytes;
-    if constexpr (is_kquant(T)) {  // Q4_K / Q5_K: a sub-block of 32 is a block here
-      using B = typename KBlock<T>::type;
-      float dsc[16], dmn[8];
-      for (int64_t s = 0; s < K / kQK_K; ++s) {
-        const B& blk = reinterpret_cast<const B*>(wrow)[s];
-        scales_mins(blk, dsc, dmn);
-        for (int j = 0; j < 8; ++j) {
-          const int64_t b = s * 8 + j;
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(uc + b * kQK), kquant_bytes<T>(blk, j));
-          dw[b * kLaneCols + c] = dsc[j], mw[b * kLaneCols + c] = -dmn[j];
-        }
-      }
-    } else {
-      for (int64_t b = 0; b < nb; ++b) {
-        float d, m;
-        __m256i v;
-        load_block<T>(wrow, b, d, m, v);
-        if constexpr (T == kQ8_0 && !sign_trick<T, V>()) v = _mm256_xor_si256(v, _mm256_set1_epi8(char(0x80)));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(uc + b * kQK), v);
-        dw[b * kLaneCols + c] = d, mw[b * kLaneCols + c] = has_min<T>() ? m : 0.0f;
+    // Q4_K / Q5_K: a sub-block of 32 is a block here
+    using B = typename KBlock<T>::type;
+    float dsc[16], dmn[8];
+    for (int64_t s = 0; s < K / kQK_K; ++s) {
+      const B& blk = reinterpret_cast<const B*>(wrow)[s];
+      scales_mins(blk, dsc, dmn);
+      for (int j = 0; j < 8; ++j) {
+        const int64_t b = s * 8 + j;
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(uc + b * kQK), kquant_bytes<T>(blk, j));
+        dw[b * kLaneCols + c] = dsc[j], mw[b * kLaneCols + c] = -dmn[j];
       }
     }
   }
@@ -212,8 +202,8 @@ void lanes_dot(const uint8_t* u, const float* dw, const float* mw, int64_t K, co
 }
 
 template <int T>
-constexpr bool has_lanes() {
-  return T == kQ8_0 || T == kQ4_0 || T == kQ4_1 || T == kQ4_K || T == kQ5_K;
+constexpr bool has_lanes() {  // the 32-value types have their own (gguf_matmul_il.h)
+  return T == kQ4_K || T == kQ5_K;
 }
 
 // out [M, N] columns n0 .. n1: kLaneCols weight rows at a time, unpacked once, against every group.

@@ -34,11 +34,12 @@ def main() -> None:
     import jax.numpy as jnp
 
     from kernels_cpu import gguf_matmul_cpu, load_cpu_kernels
+    from kernels_cpu.gguf_matmul import to_kernel_layout
 
     load_cpu_kernels(os.path.join(os.environ.get("JAXLM_CACHE_DIR") or "/tmp", "kernels"))
     rng = np.random.default_rng(0)
-    quant = lambda shape, t: gguf.quants.quantize(  # noqa: E731
-        (rng.standard_normal(shape) * 0.05).astype(np.float32), gguf.GGMLQuantizationType(t))
+    quant = lambda shape, t: to_kernel_layout(gguf.quants.quantize(  # noqa: E731
+        (rng.standard_normal(shape) * 0.05).astype(np.float32), gguf.GGMLQuantizationType(t)), t)
     base = {s: quant(s, Q4_1) for s in SHAPES}
     layers = [[jnp.asarray(base[s].copy()) for s in SHAPES] for _ in range(args.layers)]
     head = jnp.asarray(quant((49152, 576), Q8_0))

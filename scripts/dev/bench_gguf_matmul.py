@@ -25,11 +25,14 @@ _F16_AT = {12: (0, 2), 13: (0, 2), 14: (208,)}  # a K-quant super-block's f16 sc
 
 
 def _blocks(rng: np.random.Generator, wf: np.ndarray, qtype: int) -> np.ndarray:
-    """W [N, K] in blocks of ``qtype``: the gguf package's quantizer, or random K-quant bytes."""
+    """W [N, K] in blocks of ``qtype`` in the kernel layout: the gguf package's quantizer, or random
+    K-quant bytes."""
     import gguf
 
+    from kernels_cpu.gguf_matmul import to_kernel_layout
+
     if qtype not in _F16_AT:
-        return gguf.quants.quantize(wf, gguf.GGMLQuantizationType(qtype))
+        return to_kernel_layout(gguf.quants.quantize(wf, gguf.GGMLQuantizationType(qtype)), qtype)
     block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(qtype)]
     w = rng.integers(0, 256, (wf.shape[0], wf.shape[1] // block, size), dtype=np.uint8)
     for at in _F16_AT[qtype]:

@@ -121,7 +121,7 @@ def main() -> None:
     import jax
     import numpy as np
 
-    import bench_host
+    from jaxlm.benchmarks import host_overhead as bench_host
     from jaxlm import LLM, SamplingParams
 
     kw = {} if a.model is None else {"model": a.model}

@@ -12,6 +12,9 @@ Tolerances:
     rounding shows: RMS error <= 2.5% of the output's RMS (seen: 0.4-0.7%, the rounding's size,
     and up to 1.7% where one row meets 7 outputs: an RMS over 7 numbers);
   * the many-rows path multiplies x as given in f32: within 1e-5 of the largest |output|.
+
+Q4_0, Q4_1 and Q8_0 reach the kernel in its layout (rows interleaved by 16, to_kernel_layout);
+N not a multiple of 16 leaves a padded group, whose rows the kernel must not return.
 """
 
 import subprocess
@@ -24,22 +27,24 @@ import numpy as np
 import pytest
 
 from kernels_cpu import GGUF_KERNEL_TYPES, gguf_matmul_cpu
-from kernels_cpu.gguf_matmul import F32_MIN_ROWS, gguf_dequantize_rows, gguf_matmul_reference
+from kernels_cpu.gguf_matmul import (F32_MIN_ROWS, from_kernel_layout, gguf_dequantize_rows, gguf_matmul_reference,
+                                     kernel_layout_take, to_kernel_layout)
 from tests.helpers.kquants import quantize_kquant
 
 # (M rows, N outputs, K inputs): 1-64 rows, N not a multiple of 8 or of the kernel's tile of 16,
 # K from one block to SmolLM2's 1536 (K-quants: one to six super-blocks of 256).
-# From 4 rows the few-rows path puts rows of x in vector lanes (8 or 16 a group, the last padded)
-# against 4 or 8 weight rows at a time: 8, 9, 16 and 31 rows cover whole, barely spilled and
-# padded groups, with N not a multiple of those.
-SHAPES = [(1, 7, 32), (3, 37, 96), (4, 45, 576), (5, 100, 1536), (8, 13, 64), (9, 3, 32), (16, 19, 96),
-          (17, 21, 64), (31, 11, 128), (64, 33, 160)]
+# The 32-value types take rows of x 4 at a time against a group of 16 weight rows: 1-3, 4, 5, 9,
+# 31 rows cover whole passes and each remainder. The K-quants from 4 rows put rows of x in vector
+# lanes (8 or 16 a group, the last padded) against 4 or 8 weight rows at a time: 8, 9, 16 and 31
+# rows cover whole, barely spilled and padded groups, with N not a multiple of those.
+SHAPES = [(1, 7, 32), (2, 16, 64), (3, 37, 96), (4, 45, 576), (5, 100, 1536), (8, 13, 64), (9, 3, 32),
+          (16, 19, 96), (17, 21, 64), (31, 11, 128), (64, 33, 160)]
 SHAPES_K = [(1, 7, 256), (3, 37, 512), (4, 45, 768), (5, 100, 1536), (8, 13, 256), (16, 19, 256),
             (17, 21, 256), (31, 11, 512), (64, 33, 512)]
 K_TYPES = (12, 13, 14)
 # Byte offsets of each K-quant's f16 scales in its super-block: d, dmin (Q4_K, Q5_K), d (Q6_K).
 _F16_AT = {12: (0, 2), 13: (0, 2), 14: (208,)}
-_matmul = jax.jit(gguf_matmul_cpu, static_argnums=2, static_argnames="f32_min_rows")
+_matmul = jax.jit(gguf_matmul_cpu, static_argnums=2, static_argnames=("f32_min_rows", "n"))
 _ids = [t.name for _, t in sorted(GGUF_KERNEL_TYPES.items())]
 
 
@@ -67,33 +72,38 @@ def test_matches_reference(cpu_kernels, qtype):
     rng = np.random.default_rng(qtype)
     for m, n, k in SHAPES_K if qtype in K_TYPES else SHAPES:
         x, w = _case(rng, qtype, m, n, k)
-        xj, wj = jnp.asarray(x), jnp.asarray(w)
+        xj, wj = jnp.asarray(x), jnp.asarray(to_kernel_layout(w, qtype))
         ref = gguf_matmul_reference(x, w, qtype)
         scale = np.abs(ref).max()
         # few rows: int8 x
-        out = np.asarray(_matmul(xj, wj, qtype, f32_min_rows=0))
+        out = np.asarray(_matmul(xj, wj, qtype, n=n, f32_min_rows=0))
         assert out.shape == (m, n)
         rounded = gguf_matmul_reference(x, w, qtype, quantize_x=True)
         np.testing.assert_allclose(out, rounded, rtol=0, atol=1e-5 * scale, err_msg=f"int8 {m}x{n}x{k}")
         rel_rms = np.sqrt(np.mean((out - ref) ** 2) / np.mean(ref ** 2))
         assert rel_rms <= 0.025, (m, n, k, rel_rms)
         # many rows: f32 tiles
-        out32 = np.asarray(_matmul(xj, wj, qtype, f32_min_rows=1))
+        out32 = np.asarray(_matmul(xj, wj, qtype, n=n, f32_min_rows=1))
         np.testing.assert_allclose(out32, ref, rtol=0, atol=1e-5 * scale, err_msg=f"f32 {m}x{n}x{k}")
         # the default picks by the number of rows
-        default = np.asarray(_matmul(xj, wj, qtype))
+        default = np.asarray(_matmul(xj, wj, qtype, n=n))
         np.testing.assert_array_equal(default, out32 if m >= F32_MIN_ROWS else out)
 
 
 def test_leading_dims_and_errors(cpu_kernels):
     rng = np.random.default_rng(1)
     x, w = _case(rng, 8, 6, 9, 64)
-    out = gguf_matmul_cpu(jnp.asarray(x).reshape(2, 3, 64), jnp.asarray(w), 8)
-    np.testing.assert_allclose(np.asarray(out).reshape(6, 9), np.asarray(_matmul(jnp.asarray(x), jnp.asarray(w), 8)))
+    wk = jnp.asarray(to_kernel_layout(w, 8))
+    out = gguf_matmul_cpu(jnp.asarray(x).reshape(2, 3, 64), wk, 8, n=9)
+    np.testing.assert_allclose(np.asarray(out).reshape(6, 9), np.asarray(_matmul(jnp.asarray(x), wk, 8, n=9)))
     with pytest.raises(ValueError, match="type 6 has no kernel"):  # Q5_0
-        gguf_matmul_cpu(jnp.asarray(x), jnp.asarray(w), 6)
+        gguf_matmul_cpu(jnp.asarray(x), wk, 6)
     with pytest.raises(ValueError, match="does not match Q4_1"):
-        gguf_matmul_cpu(jnp.asarray(x), jnp.asarray(w), 3)
+        gguf_matmul_cpu(jnp.asarray(x), wk, 3, n=9)
+    with pytest.raises(ValueError, match="rows interleaved by 16: to_kernel_layout"):  # the file's layout
+        gguf_matmul_cpu(jnp.asarray(x), jnp.asarray(w), 8, n=9)
+    with pytest.raises(ValueError, match="for 40 rows"):  # more rows than the layout holds
+        gguf_matmul_cpu(jnp.asarray(x), wk, 8, n=40)
     # A K-quant's rows are whole super-blocks of 256: 320 inputs are not, nor is a row of 1.5.
     xk, wk = _case(rng, 12, 2, 5, 512)
     with pytest.raises(ValueError, match=r"does not match Q4_K blocks .*256 values in 144 bytes"):
@@ -111,6 +121,27 @@ def test_xla_dequantizer_equals_gguf(qtype):
     got = np.asarray(jax.jit(gguf_dequantize_rows, static_argnums=1)(jnp.asarray(w.reshape(3, 4, -1)), qtype))
     want = gguf.quants.dequantize(w, gguf.GGMLQuantizationType(qtype)).reshape(3, 4, 512)
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("qtype", sorted(GGUF_KERNEL_TYPES), ids=_ids)
+def test_kernel_layout_round_trips(qtype):
+    """to_kernel_layout keeps every byte (same size but for the padded rows), from_kernel_layout
+    gives the file's blocks back exactly, and kernel_layout_take (the embedding's lookup) the rows
+    asked for, with leading dimensions; the K-quants' layout is the file's."""
+    rng = np.random.default_rng(200 + qtype)
+    w = _blocks(rng, qtype, 37, 512)
+    held = to_kernel_layout(w, qtype)
+    if qtype in K_TYPES:
+        np.testing.assert_array_equal(held, w)
+    else:
+        assert held.shape == (3, 16 * w.shape[1])
+        # the last group's 11 rows past the tensor are zero blocks (zero scales: zero products)
+        padded = np.asarray(from_kernel_layout(jnp.asarray(held), qtype, 48))[37:]
+        assert not np.any(padded)
+    np.testing.assert_array_equal(np.asarray(from_kernel_layout(jnp.asarray(held), qtype, 37)), w)
+    ids = np.array([[0, 36, 15, 16], [17, 31, 32, 5]])
+    got = jax.jit(kernel_layout_take, static_argnums=2)(jnp.asarray(held), jnp.asarray(ids), qtype)
+    np.testing.assert_array_equal(np.asarray(got), w[ids])
 
 
 @pytest.mark.parametrize("qtype", K_TYPES, ids=["Q4_K", "Q5_K", "Q6_K"])
@@ -145,7 +176,7 @@ def _cpu_flags() -> set[str]:
 @pytest.mark.parametrize("march", ["x86-64", "haswell"])
 def test_other_builds_match_reference(tmp_path, march):
     """The kernel built for another CPU than this one, in a fresh process (a process registers
-    one library per target): 5 rows (a group of 8 lanes) and 16 (two of them)."""
+    one library per target): 1, 3, 5 and 16 rows (for the K-quants a group of 8 lanes and two)."""
     import platform
 
     if platform.machine() not in ("x86_64", "AMD64"):
@@ -161,10 +192,11 @@ build._COMPILE = [f if f != "-march=native" else "-march={march}" for f in build
 build.load_cpu_kernels({str(tmp_path)!r})
 rng = np.random.default_rng(0)
 for qtype in (2, 3, 8, 12, 13, 14):
-    for m in (5, 16):
+    for m in (1, 3, 5, 16):
         x, w = t._case(rng, qtype, m, 19, 512 if qtype in t.K_TYPES else 96)
+        wk = jnp.asarray(t.to_kernel_layout(w, qtype))
         for rows, quantize_x in ((0, True), (1, False)):  # the int8 path, the f32 path
-            out = np.asarray(gguf_matmul_cpu(jnp.asarray(x), jnp.asarray(w), qtype, f32_min_rows=rows))
+            out = np.asarray(gguf_matmul_cpu(jnp.asarray(x), wk, qtype, n=19, f32_min_rows=rows))
             exact = gguf_matmul_reference(x, w, qtype, quantize_x=quantize_x)
             np.testing.assert_allclose(out, exact, rtol=0, atol=1e-5 * np.abs(exact).max())
 print("ok")

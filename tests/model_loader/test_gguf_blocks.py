@@ -35,7 +35,7 @@ from jaxlm.config import LoadConfig, ModelConfig
 from jaxlm.model_loader import get_model, resolve_model_config
 from jaxlm.models import get_model_architecture
 from jaxlm.models.quantization.gguf import gguf_product
-from kernels_cpu.gguf_matmul import F32_MIN_ROWS, gguf_matmul_reference
+from kernels_cpu.gguf_matmul import F32_MIN_ROWS, from_kernel_layout, gguf_matmul_reference, to_kernel_layout
 from tests.models._parity import JaxRunner
 
 _Q = gguf.GGMLQuantizationType
@@ -104,8 +104,14 @@ def test_blocks_match_dequantized_model(request, tmp_path, quant):
     # The blocks are the file's bytes, not floats: each Linear and the embedding hold uint8.
     q_proj = blocks.model.layers[0].self_attn.q_proj
     assert q_proj.qweight[...].dtype == np.uint8 and not hasattr(q_proj, "weight")
-    block, size = gguf.GGML_QUANT_SIZES[type_of("model.embed_tokens.weight")]
-    assert blocks.model.embed_tokens.qweight[...].shape == (cfg.vocab_size, cfg.hidden_size // block * size)
+    # The embedding holds the file's bytes (in the kernel's layout: the rows interleaved by 16 for
+    # the 32-value types), and gives them back exactly.
+    etype = type_of("model.embed_tokens.weight")
+    file_blocks = next(t.data for t in gguf.GGUFReader(path).tensors if t.name == "token_embd.weight")
+    held = blocks.model.embed_tokens.qweight[...]
+    assert held.size == np.asarray(file_blocks).size
+    np.testing.assert_array_equal(np.asarray(from_kernel_layout(held, int(etype), cfg.vocab_size)),
+                                  np.asarray(file_blocks).reshape(cfg.vocab_size, -1))
     kept = blocks.quant_config.describe()
     for name in {type_of(n).name for n in ("q_proj", "v_proj", "model.embed_tokens.weight", "layers.1.self_attn.o_proj")}:
         assert f"{name} x" in kept, kept
@@ -130,12 +136,14 @@ def test_blocks_match_dequantized_model(request, tmp_path, quant):
 @pytest.mark.parametrize("rows", [F32_MIN_ROWS - 1, F32_MIN_ROWS])
 def test_product_branches(rows):
     """gguf_product: below F32_MIN_ROWS rows the kernel on x rounded to int8 per block, from there
-    XLA's dot on W dequantized in XLA with x as given; each within 1e-5 of the largest |output|
+    XLA's dot on W dequantized in XLA (from the kernel layout) with x as given; each within 1e-5 of the largest |output|
     of the NumPy oracle fed the x its branch sees (the other branch's x misses by ~1%)."""
     rng = np.random.default_rng(rows)
     x = rng.standard_normal((rows, 64)).astype(np.float32)
     w = gguf.quants.quantize(rng.standard_normal((9, 64)).astype(np.float32), _Q.Q4_1)
-    out = np.asarray(jax.jit(gguf_product, static_argnums=2)(jnp.asarray(x), jnp.asarray(w), int(_Q.Q4_1)))
+    # 9 weight rows: the kernel layout pads them to a group of 16, which neither branch may return.
+    kw = jnp.asarray(to_kernel_layout(w, int(_Q.Q4_1)))
+    out = np.asarray(jax.jit(gguf_product, static_argnums=(2, 3))(jnp.asarray(x), kw, int(_Q.Q4_1), 9))
     want = gguf_matmul_reference(x, w, int(_Q.Q4_1), quantize_x=rows < F32_MIN_ROWS)
     np.testing.assert_allclose(out, want, rtol=0, atol=1e-5 * np.abs(want).max())
 

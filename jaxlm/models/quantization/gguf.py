@@ -4,7 +4,9 @@ A GGUF file's config carries ``quantization_config = {"quant_method": "gguf", "t
 {HF name: GGML type}}`` (model_loader/gguf_utils.py), so a .gguf model gets this config without
 asking. Each ``Linear`` and the token ``Embedding`` whose tensor is Q8_0, Q4_0, Q4_1, Q4_K, Q5_K
 or Q6_K holds the file's bytes as ``qweight`` [out, in / block values * block bytes] uint8 (3.8-7.1x
-fewer bytes than float32, so a decode step streams that much less) and multiplies through the C++
+fewer bytes than float32, so a decode step streams that much less; for the C++ kernels the
+32-value types' rows are interleaved 16 at a time on the host as they load, the same bytes in the
+kernel's layout, kernels_cpu/gguf_matmul.py: to_kernel_layout) and multiplies through the C++
 kernel (kernels_cpu/gguf_matmul.cc) inside the compiled step below F32_MIN_ROWS (1024) rows
 (decode and prefill chunks of up to 512 tokens), or through XLA's dot on the weight dequantized
 in XLA from there (``gguf_product``); the
@@ -30,7 +32,9 @@ from flax import nnx
 
 from jaxlm.models.quantization.base_config import LinearMethodBase, QuantizationConfig, QuantizeMethodBase
 from jaxlm.models.utils import MODEL_AXIS, WeightTarget, make_param
-from kernels_cpu.gguf_matmul import F32_MIN_ROWS, GGUF_KERNEL_TYPES, gguf_dequantize_rows, gguf_matmul_cpu
+from kernels_cpu.gguf_matmul import (F32_MIN_ROWS, GGUF_KERNEL_TYPES, INTERLEAVED_TYPES, IL, from_kernel_layout,
+                                     gguf_dequantize_rows, gguf_matmul_cpu, kernel_layout_take, kernel_rows,
+                                     to_kernel_layout)
 
 logger = logging.getLogger(__name__)
 
@@ -62,9 +66,18 @@ def _block_plan_here() -> tuple[frozenset[int], bool]:
     return block_plan(platform, why)
 
 
-def _blocks_param(rngs: nnx.Rngs, rows: int, k: int, qtype: int, spec: tuple[str | None, ...]) -> nnx.Param:
+def _row_bytes(k: int, qtype: int) -> int:
     bt = GGUF_KERNEL_TYPES[qtype]
-    return make_param(rngs, (rows, k // bt.block_size * bt.type_size), jnp.uint8, spec, init="zeros")
+    return k // bt.block_size * bt.type_size
+
+
+def _blocks_param(rngs: nnx.Rngs, rows: int, k: int, qtype: int, spec: tuple[str | None, ...],
+                  kernel_layout: bool) -> nnx.Param:
+    """The blocks as the file has them ([rows, row bytes]), or in the C++ kernel's layout (the
+    32-value types' rows interleaved by 16: kernels_cpu/gguf_matmul.py, to_kernel_layout)."""
+    shape = ((kernel_rows(rows, qtype), _row_bytes(k, qtype) * (IL if qtype in INTERLEAVED_TYPES else 1))
+             if kernel_layout else (rows, _row_bytes(k, qtype)))
+    return make_param(rngs, shape, jnp.uint8, spec, init="zeros")
 
 
 def _check_whole_blocks(name: str, k: int, qtype: int) -> None:
@@ -77,32 +90,36 @@ def _check_whole_blocks(name: str, k: int, qtype: int) -> None:
                          "file, or a config that does not match it)")
 
 
-def gguf_product(x: jax.Array, qweight: jax.Array, qtype: int, cpu_kernel: bool = True) -> jax.Array:
-    """x [..., K] @ W^T -> [..., N] f32, W in blocks. With the C++ kernels (cpu_kernel), below
-    F32_MIN_ROWS rows: the kernel on int8 activations (as llama.cpp does at any batch), streaming
-    the blocks for one row and with rows in vector lanes from 4, measured 1.1-10x faster than the
-    branch below at 16-512 rows (docs/PERF_NOTES.md, session 12). From F32_MIN_ROWS, or without
-    the kernels (an accelerator): XLA's dot on W dequantized in XLA, x as given (off CPU W in x's
-    dtype, so a bf16 model's product stays a bf16 dot with the convert fused into it); the
-    kernel's own f32 tiles measured 2-2.7x slower than XLA's dot at 512 rows (session 9)."""
+def gguf_product(x: jax.Array, qweight: jax.Array, qtype: int, n: int, cpu_kernel: bool = True) -> jax.Array:
+    """x [..., K] @ W^T -> [..., n] f32, W in blocks (in the kernel layout with cpu_kernel). With
+    the C++ kernels, below F32_MIN_ROWS rows: the kernel on int8 activations (as llama.cpp does at
+    any batch), measured 1.1-10x faster than the branch below at 16-512 rows (docs/PERF_NOTES.md,
+    session 12). From F32_MIN_ROWS, or without the kernels (an accelerator): XLA's dot on W
+    dequantized in XLA, x as given (off CPU W in x's dtype, so a bf16 model's product stays a
+    bf16 dot with the convert fused into it); the kernel's own f32 tiles measured 2-2.7x slower
+    than XLA's dot at 512 rows (session 9)."""
     rows = math.prod(x.shape[:-1])
     if cpu_kernel and rows < F32_MIN_ROWS:
-        return gguf_matmul_cpu(x, qweight, qtype, f32_min_rows=0)
-    w = gguf_dequantize_rows(qweight, qtype)
+        return gguf_matmul_cpu(x, qweight, qtype, n=n, f32_min_rows=0)
+    w = gguf_dequantize_rows(from_kernel_layout(qweight, qtype, n) if cpu_kernel else qweight, qtype)
     x = x.astype(jnp.float32) if cpu_kernel else x
     return jax.lax.dot_general(x, w.astype(x.dtype), (((x.ndim - 1,), (1,)), ((), ())),
                                preferred_element_type=jnp.float32)
 
 
-def _blocks_target(layer: nnx.Module, prefix: str) -> dict[str, WeightTarget]:
-    """The checkpoint's ``{prefix}.weight``, as the loader yields it in blocks, into ``qweight``."""
+def _blocks_target(layer: nnx.Module, prefix: str, rows: int, k: int, qtype: int,
+                   kernel_layout: bool) -> dict[str, WeightTarget]:
+    """The checkpoint's ``{prefix}.weight``, as the loader yields it in blocks, into ``qweight``
+    (put in the kernel's layout on the host as it streams in)."""
     q = layer.qweight
-    return {f"{prefix}.weight": WeightTarget(tuple(q.get_value().shape), [(q, lambda a: a)])}
+    fn = (lambda a: to_kernel_layout(a, qtype)) if kernel_layout else (lambda a: a)
+    return {f"{prefix}.weight": WeightTarget((rows, _row_bytes(k, qtype)), [(q, fn)])}
 
 
 @dataclasses.dataclass(frozen=True)
 class GGUFLinearMethod(LinearMethodBase):
-    """``qweight`` [out, in / block values * block bytes] uint8 of GGML type ``qtype``; the product
+    """``qweight`` [out, in / block values * block bytes] uint8 of GGML type ``qtype`` (in the
+    kernel layout with cpu_kernel: Q4_0 / Q4_1 / Q8_0 [ceil(out / 16), 16 * that]); the product
     is the C++ kernel (rows of x rounded to int8 per block of 32 inside, as llama.cpp does)."""
 
     qtype: int
@@ -114,13 +131,13 @@ class GGUFLinearMethod(LinearMethodBase):
             raise ValueError("GGUF blocks cannot repeat KV heads (tensor parallel > KV heads): "
                              "use --quantization none")
         spec = (layer.parallel.weight_spec[1], layer.parallel.weight_spec[0])  # [out, in]
-        layer.qweight = _blocks_param(rngs, layer.out_features, layer.in_features, self.qtype, spec)
+        layer.qweight = _blocks_param(rngs, layer.out_features, layer.in_features, self.qtype, spec, self.cpu_kernel)
 
     def weight_targets(self, layer: nnx.Module, prefix: str) -> dict[str, WeightTarget]:
-        return _blocks_target(layer, prefix)
+        return _blocks_target(layer, prefix, layer.out_features, layer.in_features, self.qtype, self.cpu_kernel)
 
     def apply(self, layer: nnx.Module, x: jax.Array) -> jax.Array:
-        return gguf_product(x, layer.qweight[...], self.qtype, self.cpu_kernel).astype(x.dtype)
+        return gguf_product(x, layer.qweight[...], self.qtype, layer.out_features, self.cpu_kernel).astype(x.dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,17 +151,18 @@ class GGUFEmbeddingMethod(QuantizeMethodBase):
 
     def create_weights(self, layer: nnx.Module, rngs: nnx.Rngs) -> None:
         spec = (MODEL_AXIS, None) if layer.shard_vocab else (None, None)
-        layer.qweight = _blocks_param(rngs, layer.num, layer.dim, self.qtype, spec)
+        layer.qweight = _blocks_param(rngs, layer.num, layer.dim, self.qtype, spec, self.cpu_kernel)
 
     def weight_targets(self, layer: nnx.Module, prefix: str) -> dict[str, WeightTarget]:
-        return _blocks_target(layer, prefix)
+        return _blocks_target(layer, prefix, layer.num, layer.dim, self.qtype, self.cpu_kernel)
 
     def embedding(self, layer: nnx.Module, ids: jax.Array) -> jax.Array:
-        rows = jnp.take(layer.qweight[...], ids, axis=0)
+        q = layer.qweight[...]
+        rows = kernel_layout_take(q, ids, self.qtype) if self.cpu_kernel else jnp.take(q, ids, axis=0)
         return gguf_dequantize_rows(rows, self.qtype).astype(layer.dtype)
 
     def attend(self, layer: nnx.Module, x: jax.Array) -> jax.Array:
-        return gguf_product(x, layer.qweight[...], self.qtype, self.cpu_kernel)
+        return gguf_product(x, layer.qweight[...], self.qtype, layer.num, self.cpu_kernel)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,7 +21,7 @@ import pytest
 from jax import export
 
 from jaxlm.models.quantization.gguf import block_plan, gguf_product
-from kernels_cpu.gguf_matmul import GGUF_KERNEL_TYPES, gguf_matmul_reference
+from kernels_cpu.gguf_matmul import GGUF_KERNEL_TYPES, gguf_matmul_reference, to_kernel_layout
 from tests.helpers import kquants
 
 _Q = gguf.GGMLQuantizationType
@@ -48,10 +48,10 @@ def test_xla_branch_matches_the_dequantizer(qtype):
     x = rng.standard_normal((m, k)).astype(np.float32)
     ref = gguf_matmul_reference(x, w, qtype)
     scale = np.abs(ref).max()
-    product = jax.jit(gguf_product, static_argnums=(2, 3))
-    out = np.asarray(product(jnp.asarray(x), jnp.asarray(w), qtype, False))
+    product = jax.jit(gguf_product, static_argnums=(2, 3, 4))
+    out = np.asarray(product(jnp.asarray(x), jnp.asarray(w), qtype, n, False))
     np.testing.assert_allclose(out, ref, rtol=0, atol=1e-5 * scale)
-    half = np.asarray(product(jnp.asarray(x, jnp.bfloat16), jnp.asarray(w), qtype, False))
+    half = np.asarray(product(jnp.asarray(x, jnp.bfloat16), jnp.asarray(w), qtype, n, False))
     assert half.dtype == np.float32
     np.testing.assert_allclose(half, ref, rtol=0, atol=0.02 * scale)
 
@@ -61,11 +61,12 @@ def test_cuda_lowering_is_a_bf16_dot_without_the_cpu_kernel(qtype):
     rng = np.random.default_rng(0)
     w = jnp.asarray(_blocks(rng, int(qtype), 64, 256))
     x = jnp.zeros((8, 256), jnp.bfloat16)
-    text = export.export(jax.jit(lambda x, w: gguf_product(x, w, int(qtype), False)),
+    text = export.export(jax.jit(lambda x, w: gguf_product(x, w, int(qtype), 64, False)),
                          platforms=["cuda"])(x, w).mlir_module()
     assert "jaxlm_gguf_matmul" not in text
     dots = [line for line in text.splitlines() if "stablehlo.dot_general" in line]
     assert dots and all("bf16" in line for line in dots), dots
     # the CPU branch, lowered for CPU, is the kernel's custom call (what CUDA must not get)
-    cpu = jax.jit(lambda x, w: gguf_product(x, w, int(qtype), True)).lower(x, w).as_text()
+    wk = jnp.asarray(to_kernel_layout(np.asarray(w), int(qtype)))  # the kernel's layout (Q4_1: interleaved)
+    cpu = jax.jit(lambda x, w: gguf_product(x, w, int(qtype), 64, True)).lower(x, wk).as_text()
     assert "jaxlm_gguf_matmul" in cpu
