@@ -107,6 +107,9 @@ class FusedExperts(nnx.Module):
                  dtype: jnp.dtype, rngs: nnx.Rngs, ep_size: int = 1):
         self.num_experts, self.hidden_size, self.intermediate_size = int(num_experts), int(hidden), int(intermediate)
         self.expert_parallel = bool(expert_parallel)
+        # Devices that split each expert's intermediate size (TP without EP): a quantized
+        # method checks its row groups divide evenly.
+        self.tp_size = 1 if expert_parallel else int(ep_size)
         self.slots = expert_slots(num_experts, ep_size if expert_parallel else 1)
         self.num_slots = -(-num_experts // ep_size) * ep_size if expert_parallel else num_experts
         self.dtype = jnp.dtype(dtype)
