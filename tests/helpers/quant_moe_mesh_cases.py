@@ -35,7 +35,9 @@ CASES = {
 
 def main(out_path: str, work_dir: str) -> None:
     assert len(jax.devices()) == 8, jax.devices()
-    base = qm.float_model(work_dir)
+    # A shared expert of 64 (4 groups of 16): its row-parallel down projection splits into whole
+    # groups over 2 and 4 devices, as the Linears' packed layout needs.
+    base = qm.float_model(work_dir, shared_expert_intermediate_size=64)
     results: dict = {}
     for name, (fmt, tp, ep) in CASES.items():
         if fmt == "online":
@@ -47,7 +49,7 @@ def main(out_path: str, work_dir: str) -> None:
         results[name] = dict(got=got, want=qm.hf_greedy(ref), **facts)
     # Groups of 16 over experts of 32: 2 groups cannot split over 4 devices (4 KV heads: the
     # attention splits over 4 without repeating heads, which packed weights refuse first).
-    heads4 = qm.float_model(work_dir, name="kv4", num_key_value_heads=4)
+    heads4 = qm.float_model(work_dir, name="kv4", num_key_value_heads=4, shared_expert_intermediate_size=64)
     path, _ = qm.quantized(heads4, "ct-w4a16", work_dir)
     try:
         LLM(model=path, tensor_parallel_size=4, **qm.ENGINE)
