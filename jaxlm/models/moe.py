@@ -101,7 +101,7 @@ class FusedExperts(nnx.Module):
     layer's ``quant_method`` (float: ``gate_up_proj`` [S, hidden, 2, I] (gate, up) and
     ``down_proj`` [S, I, hidden]), expert e in slot ``slots[e]`` (S = E but under expert
     parallelism over ``ep_size`` devices that E does not divide: expert_slots). Split over
-    ``model`` by experts (expert parallel) or by I."""
+    ``model`` (``ep_size`` devices) by experts (expert parallel) or by I (``tp_size`` devices)."""
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int, *, expert_parallel: bool,
                  dtype: jnp.dtype, rngs: nnx.Rngs, ep_size: int = 1):

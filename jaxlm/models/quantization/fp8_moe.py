@@ -34,7 +34,7 @@ from jaxlm.models.quantization.base_config import FusedMoEMethodBase
 from jaxlm.models.quantization.fp8_utils import FP8_DTYPE, FP8_MAX, TINY
 from jaxlm.models.quantization.params import replace_params, zeros_param
 from jaxlm.models.quantization.unquantized import (
-    ExpertTensor, UnquantizedFusedMoEMethod, expert_specs, stacked_expert_targets)
+    ExpertTensor, UnquantizedFusedMoEMethod, expert_specs, stacked_expert_targets, transposed)
 from jaxlm.models.utils import WeightTarget
 
 _ALL = ("gate_up_proj", "gate_up_scale", "down_proj", "down_scale")
@@ -64,10 +64,6 @@ def _full(n: int):
 
 def _column(a: np.ndarray) -> np.ndarray:
     return np.asarray(a, np.float32).reshape(-1)
-
-
-def _t(a: np.ndarray) -> np.ndarray:
-    return a.T
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +105,7 @@ class Fp8MoEMethod(FusedMoEMethodBase):
                 scale_entry = ((out, 1), ((out,),), [(scale, _column)])
             else:  # [] (vLLM's fp8) or [1] (compressed-tensors' tensor strategy)
                 scale_entry = ((), ((1,),), [(scale, _full(out))])
-            entries = {"weight": ((out, inp), (), [(weight, _t)]), "weight_scale": scale_entry}
+            entries = {"weight": ((out, inp), (), [(weight, transposed)]), "weight_scale": scale_entry}
             if self.static_input_scale:
                 entries["input_scale"] = ((), ((1,),), [])
             return entries

@@ -91,7 +91,8 @@ def stacked_expert_targets(layer: nnx.Module, prefix: str,
     return targets
 
 
-def _t(a: np.ndarray) -> np.ndarray:
+def transposed(a: np.ndarray) -> np.ndarray:
+    """HF's [out, in] -> ours [in, out] (a view: the block is copied onto the device)."""
     return a.T
 
 
@@ -114,8 +115,8 @@ class UnquantizedFusedMoEMethod(FusedMoEMethodBase):
 
         def tensors(proj: str) -> dict[str, ExpertTensor]:
             if proj == "down_proj":
-                return {"weight": ((H, I), (), [(layer.down_proj, _t)])}
-            return {"weight": ((I, H), (), [(layer.gate_up_proj, _t)])}
+                return {"weight": ((H, I), (), [(layer.down_proj, transposed)])}
+            return {"weight": ((I, H), (), [(layer.gate_up_proj, transposed)])}
 
         return stacked_expert_targets(layer, prefix, tensors)
 
