@@ -101,12 +101,15 @@ class FusedExperts(nnx.Module):
     layer's ``quant_method`` (float: ``gate_up_proj`` [S, hidden, 2, I] (gate, up) and
     ``down_proj`` [S, I, hidden]), expert e in slot ``slots[e]`` (S = E but under expert
     parallelism over ``ep_size`` devices that E does not divide: expert_slots). Split over
-    ``model`` by experts (expert parallel) or by I."""
+    ``model`` (``ep_size`` devices) by experts (expert parallel) or by I (``tp_size`` devices)."""
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int, *, expert_parallel: bool,
                  dtype: jnp.dtype, rngs: nnx.Rngs, ep_size: int = 1):
         self.num_experts, self.hidden_size, self.intermediate_size = int(num_experts), int(hidden), int(intermediate)
         self.expert_parallel = bool(expert_parallel)
+        # Devices that split each expert's intermediate size (TP without EP): a quantized
+        # method checks its row groups divide evenly.
+        self.tp_size = 1 if expert_parallel else int(ep_size)
         self.slots = expert_slots(num_experts, ep_size if expert_parallel else 1)
         self.num_slots = -(-num_experts // ep_size) * ep_size if expert_parallel else num_experts
         self.dtype = jnp.dtype(dtype)

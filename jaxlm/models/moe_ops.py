@@ -13,15 +13,44 @@ ever recompiles. Expert compute follows the rows, not ``num_experts``:
 ``grouped_mlp`` picks one per platform at lowering (``lax.platform_dependent``). Both take the
 experts held locally (``expert_start`` + their count): under expert parallelism each device
 computes only its experts' rows and leaves the others' rows zero.
+
+Quantized experts pass each product's stored arrays (a tuple, each led by the local-expert dim)
+and a ``Dequant``: one expert's arrays -> (float weight [K, N] in the activations' dtype, a
+per-column scale [N] for the output or None). The tile loop dequantizes the expert of each tile
+inside the step; ragged_dot gets every local expert dequantized (``jax.vmap``), so the stored
+bytes stay as they are in memory either way.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable, Sequence, Union
 
 import jax
 import jax.numpy as jnp
 from jax import lax
+
+# One product's stored arrays: a float [El, K, ...] weight, or a quantized format's tuple.
+ExpertArrays = Union[jax.Array, Sequence[jax.Array]]
+# One expert's arrays (expert dim gone), the activations' dtype -> (weight [K, N], scale [N] | None).
+Dequant = Callable[[tuple[jax.Array, ...], Any], tuple[jax.Array, "jax.Array | None"]]
+
+
+def float_weight(parts: tuple[jax.Array, ...], dtype: Any) -> tuple[jax.Array, None]:
+    """The float experts' Dequant: the weight as it is, trailing dims merged ([H, 2, I] -> [H, 2I])."""
+    w = parts[0]
+    return w.reshape(w.shape[0], -1), None
+
+
+def _parts(arrays: ExpertArrays) -> tuple[jax.Array, ...]:
+    return tuple(arrays) if isinstance(arrays, (tuple, list)) else (arrays,)
+
+
+def _product(x: jax.Array, w: jax.Array, scale: jax.Array | None) -> jax.Array:
+    if scale is None:
+        return x @ w
+    # The per-column scale on the float32 product, as the fp8 Linear applies it (fp8_utils).
+    y = jnp.matmul(x, w, preferred_element_type=jnp.float32)
+    return (y * scale.astype(jnp.float32)).astype(x.dtype)
 
 
 def route(router_logits: jax.Array, top_k: int, renormalize: bool) -> tuple[jax.Array, jax.Array]:
@@ -65,22 +94,33 @@ def _gated(act: Callable[[jax.Array], jax.Array], gate_up: jax.Array) -> jax.Arr
     return act(gate_up[..., 0, :]) * gate_up[..., 1, :]
 
 
-def grouped_mlp_ragged(xs: jax.Array, es: jax.Array, w_gate_up: jax.Array, w_down: jax.Array,
-                       expert_start: jax.Array, act: Callable[[jax.Array], jax.Array]) -> jax.Array:
+def grouped_mlp_ragged(xs: jax.Array, es: jax.Array, w_gate_up: ExpertArrays, w_down: ExpertArrays,
+                       expert_start: jax.Array, act: Callable[[jax.Array], jax.Array],
+                       dequant: Dequant = float_weight) -> jax.Array:
     """Each sorted row through its expert's gated MLP with ``ragged_dot``; rows of experts not
     held here ([expert_start, expert_start + El) are) give zeros.
 
     xs [M, H] sorted by expert, es [M] their (global) expert ids, w_gate_up [El, H, 2, I],
-    w_down [El, I, H]."""
+    w_down [El, I, H] (or each a tuple of stored arrays that ``dequant`` turns into them)."""
     M = xs.shape[0]
-    El, H, _, I = w_gate_up.shape
+    gate_up, down = _parts(w_gate_up), _parts(w_down)
+    El = gate_up[0].shape[0]
     sizes, mine = _local_group_sizes(es, expert_start, El)
     # The local rows are contiguous in the sorted batch: rotate them to the front.
     first = jnp.sum(es < expert_start).astype(jnp.int32)
     idx = (jnp.arange(M, dtype=jnp.int32) + first) % M
     x = xs[idx]
-    h = lax.ragged_dot(x, w_gate_up.reshape(El, H, 2 * I), sizes).reshape(M, 2, I)
-    y = lax.ragged_dot(_gated(act, h), w_down, sizes)
+    row_expert = jnp.clip(es[idx] - expert_start, 0, El - 1)
+
+    def grouped(x, parts):
+        w, scale = jax.vmap(lambda *p: dequant(p, x.dtype))(*parts)
+        if scale is None:
+            return lax.ragged_dot(x, w, sizes)
+        y = lax.ragged_dot(x, w, sizes, preferred_element_type=jnp.float32)
+        return (y * scale.astype(jnp.float32)[row_expert]).astype(x.dtype)
+
+    h = grouped(x, gate_up)
+    y = grouped(_gated(act, h.reshape(M, 2, -1)), down)
     y = jnp.where((jnp.arange(M) < jnp.sum(sizes))[:, None], y, 0)
     return jnp.zeros_like(y).at[idx].set(y, unique_indices=True)
 
@@ -92,13 +132,15 @@ def tile_rows(num_rows: int, num_local: int) -> int:
     return int(min(128, max(4, 1 << (mean - 1).bit_length())))
 
 
-def grouped_mlp_tiled(xs: jax.Array, es: jax.Array, w_gate_up: jax.Array, w_down: jax.Array,
+def grouped_mlp_tiled(xs: jax.Array, es: jax.Array, w_gate_up: ExpertArrays, w_down: ExpertArrays,
                       expert_start: jax.Array, act: Callable[[jax.Array], jax.Array],
-                      tile: int | None = None) -> jax.Array:
+                      tile: int | None = None, dequant: Dequant = float_weight) -> jax.Array:
     """Same contract as ``grouped_mlp_ragged``, as a loop over tiles that each hold one expert's
-    rows (each group padded up to whole tiles); only the tiles in use run."""
+    rows (each group padded up to whole tiles); only the tiles in use run, and each dequantizes
+    only its own expert."""
     M, H = xs.shape
-    El, _, _, I = w_gate_up.shape
+    gate_up, down = _parts(w_gate_up), _parts(w_down)
+    El = gate_up[0].shape[0]
     tm = tile or tile_rows(M, El)
     sizes, mine = _local_group_sizes(es, expert_start, El)
     padded = (sizes + tm - 1) // tm * tm
@@ -111,22 +153,24 @@ def grouped_mlp_tiled(xs: jax.Array, es: jax.Array, w_gate_up: jax.Array, w_down
     dest = jnp.where(mine, pad_end[local] - padded[local] + rank, cap)  # cap: dropped
     xp = jnp.zeros((cap, H), xs.dtype).at[dest].set(xs, mode="drop")
     tile_expert = jnp.searchsorted(pad_end, jnp.arange(cap // tm) * tm, side="right")
-    w_gu = w_gate_up.reshape(El, H, 2 * I)
 
     def body(t, yp):
         x = lax.dynamic_slice_in_dim(xp, t * tm, tm)
         e = tile_expert[t]
-        h = _gated(act, (x @ w_gu[e]).reshape(tm, 2, I))
-        return lax.dynamic_update_slice_in_dim(yp, h @ w_down[e], t * tm, 0)
+        h = _product(x, *dequant(tuple(p[e] for p in gate_up), x.dtype))
+        h = _gated(act, h.reshape(tm, 2, -1))
+        return lax.dynamic_update_slice_in_dim(yp, _product(h, *dequant(tuple(p[e] for p in down), x.dtype)),
+                                               t * tm, 0)
 
     yp = lax.fori_loop(0, pad_end[-1] // tm, body, jnp.zeros((cap, H), xs.dtype))
     return yp.at[dest].get(mode="fill", fill_value=0)
 
 
-def grouped_mlp(xs: jax.Array, es: jax.Array, w_gate_up: jax.Array, w_down: jax.Array,
-                expert_start: jax.Array, act: Callable[[jax.Array], jax.Array]) -> jax.Array:
+def grouped_mlp(xs: jax.Array, es: jax.Array, w_gate_up: ExpertArrays, w_down: ExpertArrays,
+                expert_start: jax.Array, act: Callable[[jax.Array], jax.Array],
+                dequant: Dequant = float_weight) -> jax.Array:
     """The grouped expert MLP, lowered per platform: tiles on CPU, ``ragged_dot`` elsewhere."""
     return lax.platform_dependent(
-        xs, es, w_gate_up, w_down, expert_start,
-        cpu=lambda *a: grouped_mlp_tiled(*a, act),
-        default=lambda *a: grouped_mlp_ragged(*a, act))
+        xs, es, _parts(w_gate_up), _parts(w_down), expert_start,
+        cpu=lambda *a: grouped_mlp_tiled(*a, act, dequant=dequant),
+        default=lambda *a: grouped_mlp_ragged(*a, act, dequant=dequant))

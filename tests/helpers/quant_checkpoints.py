@@ -1,7 +1,7 @@
 """Quantized tiny checkpoints written by the tests themselves from known float weights.
 
-``write_quantized(float_dir, fmt, out_dir, ref_dir)`` quantizes every decoder Linear of a tiny
-float checkpoint the way the format's quantizer stores it (written here from each format's
+``write_quantized(float_dir, fmt, out_dir, ref_dir)`` quantizes every decoder Linear (MoE experts
+included, each expert's separately) of a tiny float checkpoint the way the format's quantizer stores it (written here from each format's
 description: AutoAWQ's GEMM packing, AutoGPTQ's v1 packing, compressed-tensors' pack-quantized
 and float-quantized layouts, vLLM's per-tensor fp8), and writes beside it a float checkpoint
 holding the dequantized weights: the reference transformers runs.
@@ -19,7 +19,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 FORMATS = ("fp8", "ct-fp8-channel", "ct-w4a16", "ct-w8a16", "awq", "gptq")
-_LINEAR = re.compile(r"^model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)\.weight$")
+# The decoder's Linears, an MoE layer's per-expert ones (Mixtral's w1/w3/w2 too) and its shared
+# expert's included; routers (mlp.gate, shared_expert_gate) stay float, as quantizers leave them.
+_LINEAR = re.compile(r"^model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(shared_expert\.|experts\.\d+\.)?"
+                     r"(gate|up|down)_proj|block_sparse_moe\.experts\.\d+\.w[123])\.weight$")
+# An fp8 checkpoint's static activation scales (activation_scheme: static), one per Linear.
+INPUT_SCALE = 0.0625
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 
 
@@ -69,10 +74,13 @@ def _asym_int4(w: np.ndarray, group: int):
 
 def _quantize(name: str, w: np.ndarray, fmt: str, group: int) -> tuple[dict[str, torch.Tensor], np.ndarray]:
     base = name[: -len(".weight")]
-    if fmt in ("fp8", "ct-fp8-channel"):
-        q, scale, deq = _fp8(w, per_channel=fmt != "fp8")
-        scale = scale.reshape(()) if fmt == "fp8" else scale.reshape(-1, 1)
-        return {f"{base}.weight": q, f"{base}.weight_scale": scale}, deq
+    if fmt in ("fp8", "fp8-static", "ct-fp8-channel"):
+        q, scale, deq = _fp8(w, per_channel=fmt == "ct-fp8-channel")
+        scale = scale.reshape(-1, 1) if fmt == "ct-fp8-channel" else scale.reshape(())
+        tensors = {f"{base}.weight": q, f"{base}.weight_scale": scale}
+        if fmt == "fp8-static":
+            tensors[f"{base}.input_scale"] = torch.tensor(INPUT_SCALE, dtype=torch.float32)
+        return tensors, deq
     if fmt in ("ct-w4a16", "ct-w8a16"):
         bits = 4 if fmt == "ct-w4a16" else 8
         q, s, deq = _sym_int(w, bits, group if bits == 4 else -1)
@@ -91,8 +99,8 @@ def _quantize(name: str, w: np.ndarray, fmt: str, group: int) -> tuple[dict[str,
 
 
 def quantization_config(fmt: str, group: int) -> dict:
-    if fmt == "fp8":
-        return {"quant_method": "fp8", "activation_scheme": "dynamic"}
+    if fmt in ("fp8", "fp8-static"):
+        return {"quant_method": "fp8", "activation_scheme": "static" if fmt == "fp8-static" else "dynamic"}
     if fmt == "awq":
         return {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True, "version": "gemm"}
     if fmt == "gptq":

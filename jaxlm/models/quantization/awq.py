@@ -7,9 +7,10 @@ from typing import Any
 
 from flax import nnx
 
-from jaxlm.models.quantization.base_config import QuantizationConfig
+from jaxlm.models.quantization.base_config import QuantizationConfig, QuantizeMethodBase
 from jaxlm.models.quantization.fp8 import is_ignored
 from jaxlm.models.quantization.int_weight import AWQLinearMethod
+from jaxlm.models.quantization.int_weight_moe import PackedIntMoEMethod
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,12 +39,12 @@ class AWQConfig(QuantizationConfig):
             raise ValueError(f"AWQ checkpoint: version {version!r} is not supported (gemm only)")
         return cls(bits, group, tuple(config.get("modules_to_not_convert") or ()))
 
-    def get_quant_method(self, layer: nnx.Module, prefix: str) -> AWQLinearMethod | None:
-        if not hasattr(layer, "in_features"):
-            raise ValueError(f"AWQ checkpoint: quantized MoE experts ({prefix}) are not supported yet")
+    def get_quant_method(self, layer: nnx.Module, prefix: str) -> QuantizeMethodBase | None:
         if is_ignored(prefix, self.modules_to_not_convert):
             return None
-        return AWQLinearMethod(bits=self.weight_bits, group_size=self.group_size, has_zeros=True)
+        linear = AWQLinearMethod(bits=self.weight_bits, group_size=self.group_size, has_zeros=True)
+        # The stacked MoE experts: the same tensors per expert (vLLM's AWQMoEMethod / GPTQMarlinMoEMethod).
+        return linear if hasattr(layer, "in_features") else PackedIntMoEMethod(linear)
 
     def describe(self) -> str:
         return f"awq ({self.weight_bits}-bit, group {self.group_size})"

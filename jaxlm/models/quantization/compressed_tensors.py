@@ -1,6 +1,7 @@
 """compressed-tensors checkpoints (llm-compressor's; vLLM's ``compressed-tensors`` method).
 
-Supported schemes, one config group targeting ``Linear``:
+Supported schemes, one config group targeting ``Linear`` (an MoE layer's per-expert Linears
+included: ``Fp8MoEMethod`` / ``PackedIntMoEMethod`` hold them stacked):
 - ``pack-quantized`` symmetric int weights, 4 or 8 bits, group or channel scales, no activation
   quantization (W4A16 / W8A16) -> ``CompressedTensorsWNA16Method``;
 - ``float-quantized`` fp8 e4m3 weights, tensor or channel scales (FP8 / FP8-dynamic: the
@@ -14,9 +15,11 @@ from typing import Any
 
 from flax import nnx
 
-from jaxlm.models.quantization.base_config import LinearMethodBase, QuantizationConfig
+from jaxlm.models.quantization.base_config import QuantizationConfig, QuantizeMethodBase
 from jaxlm.models.quantization.fp8 import Fp8LinearMethod, is_ignored
+from jaxlm.models.quantization.fp8_moe import Fp8MoEMethod
 from jaxlm.models.quantization.int_weight import CompressedTensorsWNA16Method
+from jaxlm.models.quantization.int_weight_moe import PackedIntMoEMethod
 
 
 def _err(what: str) -> ValueError:
@@ -83,15 +86,15 @@ class CompressedTensorsConfig(QuantizationConfig):
             return cls(fmt, 8, per_channel=strategy == "channel", static_input_scale=static, ignore=ignore)
         raise _err(f"format {fmt!r}")
 
-    def get_quant_method(self, layer: nnx.Module, prefix: str) -> LinearMethodBase | None:
-        if not hasattr(layer, "in_features"):
-            raise ValueError(f"compressed-tensors checkpoint: quantized MoE experts ({prefix}) are not supported yet")
+    def get_quant_method(self, layer: nnx.Module, prefix: str) -> QuantizeMethodBase | None:
         if is_ignored(prefix, self.ignore):
             return None
+        experts = not hasattr(layer, "in_features")  # the stacked MoE experts
         if self.format == "float-quantized":
-            return Fp8LinearMethod(serialized=True, per_channel=self.per_channel,
-                                   static_input_scale=self.static_input_scale)
-        return CompressedTensorsWNA16Method(bits=self.num_bits, group_size=self.group_size, has_zeros=False)
+            cls = Fp8MoEMethod if experts else Fp8LinearMethod
+            return cls(serialized=True, per_channel=self.per_channel, static_input_scale=self.static_input_scale)
+        linear = CompressedTensorsWNA16Method(bits=self.num_bits, group_size=self.group_size, has_zeros=False)
+        return PackedIntMoEMethod(linear) if experts else linear
 
     def describe(self) -> str:
         if self.format == "float-quantized":

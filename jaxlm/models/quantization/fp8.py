@@ -24,7 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxlm.models.quantization.base_config import LinearMethodBase, QuantizationConfig
+from jaxlm.models.quantization.base_config import LinearMethodBase, QuantizationConfig, QuantizeMethodBase
+from jaxlm.models.quantization.fp8_moe import Fp8MoEMethod
 from jaxlm.models.quantization.fp8_utils import FP8_DTYPE, fp8_linear, quantize_per_channel
 from jaxlm.models.quantization.params import replace_params, zeros_param
 from jaxlm.models.utils import HF_TRANSPOSE, WeightTarget, make_param, to_param_layout
@@ -129,13 +130,13 @@ class Fp8Config(QuantizationConfig):
         ignored = config.get("ignored_layers") or config.get("modules_to_not_convert") or ()
         return cls(is_checkpoint_fp8_serialized=True, activation_scheme=scheme, ignored_layers=tuple(ignored))
 
-    def get_quant_method(self, layer: nnx.Module, prefix: str) -> Fp8LinearMethod | None:
-        if not hasattr(layer, "in_features"):  # the stacked MoE experts
-            if self.is_checkpoint_fp8_serialized:
-                raise ValueError(f"fp8 checkpoint: quantized MoE experts ({prefix}) are not supported yet")
-            return None  # online fp8 leaves the experts float
+    def get_quant_method(self, layer: nnx.Module, prefix: str) -> QuantizeMethodBase | None:
         if is_ignored(prefix, self.ignored_layers):
             return None
+        if not hasattr(layer, "in_features"):  # the stacked MoE experts
+            if not self.is_checkpoint_fp8_serialized:
+                return Fp8MoEMethod(serialized=False)
+            return Fp8MoEMethod(serialized=True, static_input_scale=self.activation_scheme == "static")
         if not self.is_checkpoint_fp8_serialized:
             return Fp8LinearMethod(serialized=False, per_channel=True)
         return Fp8LinearMethod(serialized=True, per_channel=False,

@@ -10,13 +10,13 @@ import jax.numpy as jnp
 
 FP8_DTYPE = jnp.float8_e4m3fn
 FP8_MAX = float(jnp.finfo(FP8_DTYPE).max)  # 448
-_TINY = 1e-12  # a column of zeros keeps a positive scale
+TINY = 1e-12  # a column of zeros keeps a positive scale
 
 
 def quantize_per_channel(w: jax.Array) -> tuple[jax.Array, jax.Array]:
     """w [in, out] float -> (e4m3 [in, out], float32 scale [out]) with w ~ q * scale."""
     wf = w.astype(jnp.float32)
-    scale = jnp.maximum(jnp.max(jnp.abs(wf), axis=0), _TINY) / FP8_MAX
+    scale = jnp.maximum(jnp.max(jnp.abs(wf), axis=0), TINY) / FP8_MAX
     return jnp.clip(wf / scale, -FP8_MAX, FP8_MAX).astype(FP8_DTYPE), scale
 
 
@@ -33,7 +33,7 @@ def fp8_matmul(x: jax.Array, w: jax.Array, scale: jax.Array, input_scale: jax.Ar
     operands e4m3, float32 accumulation, both scales on the output."""
     xf = x.astype(jnp.float32)
     if input_scale is None:
-        x_scale = jnp.maximum(jnp.max(jnp.abs(xf)), _TINY) / FP8_MAX
+        x_scale = jnp.maximum(jnp.max(jnp.abs(xf)), TINY) / FP8_MAX
     else:
         x_scale = input_scale.astype(jnp.float32).reshape(())
     x8 = jnp.clip(xf / x_scale, -FP8_MAX, FP8_MAX).astype(FP8_DTYPE)

@@ -8,9 +8,10 @@ from typing import Any
 
 from flax import nnx
 
-from jaxlm.models.quantization.base_config import QuantizationConfig
+from jaxlm.models.quantization.base_config import QuantizationConfig, QuantizeMethodBase
 from jaxlm.models.quantization.fp8 import is_ignored
 from jaxlm.models.quantization.int_weight import GPTQLinearMethod
+from jaxlm.models.quantization.int_weight_moe import PackedIntMoEMethod
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,12 +42,12 @@ class GPTQConfig(QuantizationConfig):
             raise ValueError(f"GPTQ checkpoint: bad group_size {group}")
         return cls(bits, group, tuple(config.get("modules_to_not_convert") or ()))
 
-    def get_quant_method(self, layer: nnx.Module, prefix: str) -> GPTQLinearMethod | None:
-        if not hasattr(layer, "in_features"):
-            raise ValueError(f"GPTQ checkpoint: quantized MoE experts ({prefix}) are not supported yet")
+    def get_quant_method(self, layer: nnx.Module, prefix: str) -> QuantizeMethodBase | None:
         if is_ignored(prefix, self.modules_to_not_convert):
             return None
-        return GPTQLinearMethod(bits=self.weight_bits, group_size=self.group_size, has_zeros=True)
+        linear = GPTQLinearMethod(bits=self.weight_bits, group_size=self.group_size, has_zeros=True)
+        # The stacked MoE experts: the same tensors per expert (vLLM's AWQMoEMethod / GPTQMarlinMoEMethod).
+        return linear if hasattr(layer, "in_features") else PackedIntMoEMethod(linear)
 
     def describe(self) -> str:
         return f"gptq ({self.weight_bits}-bit, group {self.group_size})"

@@ -19,6 +19,7 @@ column-parallel layer, input rows (whole groups) for a row-parallel one.
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -66,9 +67,15 @@ def dequantize(qweight: jax.Array, scales: jax.Array, zeros: jax.Array | None, b
     return w.reshape(rows * pf, out)
 
 
+# One checkpoint tensor in a format: (HF shape, the canonical tensor it fills: "qweight",
+# "scales", "qzeros", or None: read, not kept; HF array -> that tensor's [rows, out] layout).
+HFTensor = tuple[tuple[int, ...], "str | None", Callable[[np.ndarray], np.ndarray]]
+
+
 @dataclasses.dataclass(frozen=True)
 class PackedIntLinearMethod(LinearMethodBase):
-    """The shared layout and product; a format's subclass says how its tensors load."""
+    """The shared layout and product; a format's subclass says how its tensors load
+    (``hf_tensors``, which the stacked MoE experts use per expert too: int_weight_moe)."""
 
     bits: int = 4
     group_size: int = 128  # -1: one group over the whole input (per channel)
@@ -78,26 +85,42 @@ class PackedIntLinearMethod(LinearMethodBase):
     def param_names(self) -> tuple[str, ...]:  # type: ignore[override]
         return ("qweight", "scales") + (("qzeros",) if self.has_zeros else ())
 
+    def group_for(self, in_features: int) -> int:
+        return in_features if self.group_size == -1 else self.group_size
+
     def group(self, layer: nnx.Module) -> int:
-        return layer.in_features if self.group_size == -1 else self.group_size
+        return self.group_for(layer.in_features)
+
+    def check_shape(self, in_features: int, out_features: int) -> None:
+        """A clear error for a product this layout cannot hold."""
+        name = type(self).__name__
+        g, pf = self.group_for(in_features), 32 // self.bits
+        if in_features % g:
+            raise ValueError(f"{name}: group_size {g} does not divide the layer's input dimension {in_features}")
+        if in_features % pf or out_features % pf:
+            raise ValueError(f"{name}: {self.bits}-bit packing needs in and out features divisible by {pf}, "
+                             f"got {in_features} x {out_features}")
 
     def create_weights(self, layer: nnx.Module, rngs: nnx.Rngs) -> None:
-        name = type(self).__name__
-        g, pf = self.group(layer), 32 // self.bits
-        if layer.in_features % g:
-            raise ValueError(f"{name}: group_size {g} does not divide the layer's input dimension "
-                             f"{layer.in_features}")
-        if layer.in_features % pf or layer.out_features % pf:
-            raise ValueError(f"{name}: {self.bits}-bit packing needs in and out features divisible by {pf}, "
-                             f"got {layer.in_features} x {layer.out_features}")
+        self.check_shape(layer.in_features, layer.out_features)
         if layer.kv_repeat is not None:
-            raise ValueError(f"{name}: tensor parallel over more devices than KV heads repeats the KV "
-                             "projections, which packed integer weights do not support yet")
+            raise ValueError(f"{type(self).__name__}: tensor parallel over more devices than KV heads repeats the "
+                             "KV projections, which packed integer weights do not support yet")
+        g, pf = self.group(layer), 32 // self.bits
         spec = layer.parallel.weight_spec
         layer.qweight = zeros_param((layer.in_features // pf, layer.out_features), jnp.int32, spec)
         layer.scales = zeros_param((layer.in_features // g, layer.out_features), layer.dtype, spec)
         if self.has_zeros:
             layer.qzeros = zeros_param((layer.in_features // g, layer.out_features), jnp.int8, spec)
+
+    def hf_tensors(self, i: int, o: int, g: int) -> dict[str, HFTensor]:
+        """The format's tensors of one [in=i, out=o] product with groups of g (subclasses)."""
+        raise NotImplementedError
+
+    def weight_targets(self, layer: nnx.Module, prefix: str) -> dict[str, WeightTarget]:
+        tensors = self.hf_tensors(layer.in_features, layer.out_features, self.group(layer))
+        return {f"{prefix}.{suffix}": WeightTarget(shape, [] if name is None else [(getattr(layer, name), fn)])
+                for suffix, (shape, name, fn) in tensors.items()}
 
     def apply(self, layer: nnx.Module, x: jax.Array) -> jax.Array:
         zeros = layer.qzeros[...] if self.has_zeros else None
@@ -118,15 +141,12 @@ class AWQLinearMethod(PackedIntLinearMethod):
     """AutoAWQ GEMM: ``qweight`` [in, out/8] and ``qzeros`` [in/g, out/8] packed along the
     output in AWQ's nibble order, ``scales`` [in/g, out]; w = (q - z) * s."""
 
-    def weight_targets(self, layer: nnx.Module, prefix: str) -> dict[str, WeightTarget]:
-        i, o, pf, bits = layer.in_features, layer.out_features, 32 // self.bits, self.bits
-        groups = i // self.group(layer)
+    def hf_tensors(self, i: int, o: int, g: int) -> dict[str, HFTensor]:
+        pf, bits = 32 // self.bits, self.bits
         return {
-            f"{prefix}.qweight": WeightTarget((i, o // pf), [(layer.qweight, lambda a: pack_rows(
-                unpack_columns(a, bits, AWQ_ORDER), bits))]),
-            f"{prefix}.qzeros": WeightTarget((groups, o // pf), [(layer.qzeros, lambda a: _as_int8(
-                unpack_columns(a, bits, AWQ_ORDER)))]),
-            f"{prefix}.scales": WeightTarget((groups, o), [(layer.scales, np.asarray)]),
+            "qweight": ((i, o // pf), "qweight", lambda a: pack_rows(unpack_columns(a, bits, AWQ_ORDER), bits)),
+            "qzeros": ((i // g, o // pf), "qzeros", lambda a: _as_int8(unpack_columns(a, bits, AWQ_ORDER))),
+            "scales": ((i // g, o), "scales", np.asarray),
         }
 
 
@@ -136,15 +156,14 @@ class GPTQLinearMethod(PackedIntLinearMethod):
     ``qzeros`` [in/g, out/8] packed along the output holding z - 1, ``scales`` [in/g, out] and
     ``g_idx`` [in] (the trivial i // g when ``desc_act`` is off: read, not kept)."""
 
-    def weight_targets(self, layer: nnx.Module, prefix: str) -> dict[str, WeightTarget]:
-        i, o, pf, bits = layer.in_features, layer.out_features, 32 // self.bits, self.bits
-        g = self.group(layer)
+    def hf_tensors(self, i: int, o: int, g: int) -> dict[str, HFTensor]:
+        pf, bits = 32 // self.bits, self.bits
         return {
-            f"{prefix}.qweight": WeightTarget((i // pf, o), [(layer.qweight, np.asarray)]),
-            f"{prefix}.qzeros": WeightTarget((i // g, o // pf), [(layer.qzeros, lambda a: _as_int8(
-                unpack_columns(a, bits, tuple(range(pf))).astype(np.int16) + 1))]),
-            f"{prefix}.scales": WeightTarget((i // g, o), [(layer.scales, np.asarray)]),
-            f"{prefix}.g_idx": WeightTarget((i,), []),
+            "qweight": ((i // pf, o), "qweight", np.asarray),
+            "qzeros": ((i // g, o // pf), "qzeros", lambda a: _as_int8(
+                unpack_columns(a, bits, tuple(range(pf))).astype(np.int16) + 1)),
+            "scales": ((i // g, o), "scales", np.asarray),
+            "g_idx": ((i,), None, np.asarray),
         }
 
 
@@ -156,11 +175,10 @@ class CompressedTensorsWNA16Method(PackedIntLinearMethod):
 
     has_zeros: bool = False
 
-    def weight_targets(self, layer: nnx.Module, prefix: str) -> dict[str, WeightTarget]:
-        i, o, pf = layer.in_features, layer.out_features, 32 // self.bits
-        groups = i // self.group(layer)
+    def hf_tensors(self, i: int, o: int, g: int) -> dict[str, HFTensor]:
+        pf = 32 // self.bits
         return {
-            f"{prefix}.weight_packed": WeightTarget((o, i // pf), [(layer.qweight, _transposed)]),
-            f"{prefix}.weight_scale": WeightTarget((o, groups), [(layer.scales, _transposed)]),
-            f"{prefix}.weight_shape": WeightTarget((2,), []),
+            "weight_packed": ((o, i // pf), "qweight", _transposed),
+            "weight_scale": ((o, i // g), "scales", _transposed),
+            "weight_shape": ((2,), None, np.asarray),
         }

@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from jaxlm.models.moe_ops import grouped_mlp
@@ -58,6 +59,43 @@ def expert_specs(layer: nnx.Module) -> tuple[str | None, str | None]:
     return (MODEL_AXIS, None) if layer.expert_parallel else (None, MODEL_AXIS)
 
 
+# One checkpoint tensor of one expert's projection: (HF shape, other shapes it may come in,
+# [(stacked Param, HF array -> this expert's block without the expert and gate/up dims)]).
+ExpertTensor = tuple[tuple[int, ...], tuple[tuple[int, ...], ...], list[tuple[nnx.Variable, Callable]]]
+
+
+def _block(fn: Callable, j: int | None) -> Callable:
+    # gate/up Params hold the (gate, up) dim second to last: [S, ..., 2, N]; down ones [S, ...].
+    if j is None:
+        return lambda a: fn(a)[None]
+    return lambda a: np.expand_dims(fn(a), -2)[None]
+
+
+def stacked_expert_targets(layer: nnx.Module, prefix: str,
+                           tensors: Callable[[str], dict[str, ExpertTensor]]) -> dict[str, WeightTarget]:
+    """HF's per-expert tensors ``{prefix}.{e}.{gate,up,down}_proj.{suffix}``, each written into
+    its expert's block of the stacked Params as it streams in (any method's layout:
+    ``tensors(proj)`` says, per suffix, which Params it fills and how)."""
+    targets: dict[str, WeightTarget] = {}
+    for e, slot in enumerate(layer.slots):
+        for j, proj in enumerate(EXPERT_GATE_UP + ("down_proj",)):
+            gate_up = j if j < 2 else None
+            for suffix, (shape, alts, parts) in tensors(proj).items():
+                ranks = {p.get_value().ndim for p, _ in parts}
+                assert len(ranks) <= 1, (proj, suffix)  # one starts tuple serves every part
+                rank = ranks.pop() if ranks else 2
+                starts = ((slot,) + (0,) * (rank - 1) if gate_up is None
+                          else (slot,) + (0,) * (rank - 3) + (gate_up, 0))
+                targets[f"{prefix}.{e}.{proj}.{suffix}"] = WeightTarget(
+                    shape, [(p, _block(fn, gate_up)) for p, fn in parts], starts=starts, alt_shapes=alts)
+    return targets
+
+
+def transposed(a: np.ndarray) -> np.ndarray:
+    """HF's [out, in] -> ours [in, out] (a view: the block is copied onto the device)."""
+    return a.T
+
+
 @dataclasses.dataclass(frozen=True)
 class UnquantizedFusedMoEMethod(FusedMoEMethodBase):
     """``gate_up_proj`` [S, hidden, 2, I] (gate, up) and ``down_proj`` [S, I, hidden]: S slots,
@@ -72,17 +110,15 @@ class UnquantizedFusedMoEMethod(FusedMoEMethodBase):
         layer.down_proj = make_param(rngs, (S, I, H), layer.dtype, (ep, tp, None))
 
     def weight_targets(self, layer: nnx.Module, prefix: str) -> dict[str, WeightTarget]:
-        """HF's per-expert tensors ``{prefix}.{e}.{gate,up,down}_proj.weight`` ([out, in]), each
-        written into its expert's block of the stacked Params as it streams in."""
+        """HF's per-expert tensors ``{prefix}.{e}.{gate,up,down}_proj.weight`` ([out, in])."""
         H, I = layer.hidden_size, layer.intermediate_size
-        targets: dict[str, WeightTarget] = {}
-        for e, slot in enumerate(layer.slots):
-            for j, name in enumerate(EXPERT_GATE_UP):
-                targets[f"{prefix}.{e}.{name}.weight"] = WeightTarget(
-                    (I, H), [(layer.gate_up_proj, lambda a: a.T[None, :, None, :])], starts=(slot, 0, j, 0))
-            targets[f"{prefix}.{e}.down_proj.weight"] = WeightTarget(
-                (H, I), [(layer.down_proj, lambda a: a.T[None])], starts=(slot, 0, 0))
-        return targets
+
+        def tensors(proj: str) -> dict[str, ExpertTensor]:
+            if proj == "down_proj":
+                return {"weight": ((H, I), (), [(layer.down_proj, transposed)])}
+            return {"weight": ((I, H), (), [(layer.gate_up_proj, transposed)])}
+
+        return stacked_expert_targets(layer, prefix, tensors)
 
     def apply(self, layer: nnx.Module, weights: tuple[jax.Array, ...], xs: jax.Array, expert_ids: jax.Array,
               first_expert: jax.Array, act: Any) -> jax.Array:
