@@ -29,7 +29,7 @@ from jaxlm.models.quantization.base_config import QuantizationConfig
 from jaxlm.models.quantization.model_quant import apply_quantization_config, quantizable_layers
 from jaxlm.models.utils import (  # noqa: F401  (WeightTarget: re-exported for the families)
     MODEL_AXIS, STAGE_AXIS, WeightTarget, get_param_partition_spec, hf_shape, place, place_block, stage_mesh,
-    to_param_layout)
+    to_param_layout, unsplittable)
 
 logger = logging.getLogger(__name__)
 
@@ -307,6 +307,10 @@ class CausalLMBase(nnx.Module):
             host = np.asarray(array)
             for param, fn in target.parts:
                 mesh = mesh_of.get(id(param), self.mesh)
+                why = unsplittable(param, mesh)
+                if why:  # float layouts are checked with the model's config; quantized groups here
+                    raise ValueError(f"{source}: {raw_name} cannot be split for this tensor parallel layout: {why}, "
+                                     "which is not a multiple (choose a tensor_parallel_size that divides it)")
                 dtype = param.get_value().dtype  # the model dtype, or a quantized format's own
                 if target.starts is None:
                     place(param, fn(host), dtype, mesh)

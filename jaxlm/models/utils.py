@@ -9,6 +9,7 @@ under ``nnx.eval_shape``); the loader applies it when it places the real array.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Callable, Sequence
 
 import jax
@@ -146,6 +147,21 @@ def to_param_layout(param: nnx.Variable, array: np.ndarray) -> np.ndarray:
     if param.get_metadata().get("hf_layout") == HF_TRANSPOSE:
         return np.ascontiguousarray(array.T)
     return array
+
+
+def unsplittable(param: nnx.Variable, mesh: Mesh | None) -> str | None:
+    """Why the Param cannot be split over ``mesh`` as its PartitionSpec asks (None: it can): a
+    dimension that is not a multiple of the devices it is split over."""
+    sharding = param_sharding(param, mesh)
+    if sharding is None:
+        return None
+    shape = tuple(param.get_value().shape)
+    for dim, entry in enumerate(sharding.spec):
+        axes = () if entry is None else entry if isinstance(entry, tuple) else (entry,)
+        n = math.prod(mesh.shape[a] for a in axes)
+        if n > 1 and shape[dim] % n:
+            return f"its {shape} weight splits dimension {dim} ({shape[dim]}) over {n} devices"
+    return None
 
 
 def is_tensor_parallel_layout(param: nnx.Variable) -> bool:

@@ -30,6 +30,8 @@ CASES = {
     "fp8-static/ep2": ("fp8-static", 2, True),
     "online/tp2": ("online", 2, False),
     "awq/tp2": ("awq", 2, False),
+    # per-channel int8: a row-parallel Linear's one scale row stays whole on each device
+    "ct-w8a16/tp2": ("ct-w8a16", 2, False),
 }
 
 
@@ -52,6 +54,11 @@ def main(out_path: str, work_dir: str) -> None:
     heads4 = qm.float_model(work_dir, name="kv4", num_key_value_heads=4, shared_expert_intermediate_size=64)
     path, _ = qm.quantized(heads4, "ct-w4a16", work_dir)
     results["group_error"] = error_of(path, 4, False)
+    # A shared expert of 48 (3 groups of 16): its row-parallel down projection (a Linear) cannot
+    # split its groups over 2 devices, while the experts split by expert.
+    shared48 = qm.float_model(work_dir, name="shared48", shared_expert_intermediate_size=48)
+    path, _ = qm.quantized(shared48, "awq", work_dir)
+    results["linear_group_error"] = error_of(path, 2, True)
     with open(out_path, "w") as f:
         json.dump(results, f)
 

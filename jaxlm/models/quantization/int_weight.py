@@ -108,10 +108,12 @@ class PackedIntLinearMethod(LinearMethodBase):
                              "KV projections, which packed integer weights do not support yet")
         g, pf = self.group(layer), 32 // self.bits
         spec = layer.parallel.weight_spec
+        # One group (per-channel scales): a row-parallel layer keeps it whole on every device.
+        group_spec = spec if layer.in_features // g > 1 else (None, spec[1])
         layer.qweight = zeros_param((layer.in_features // pf, layer.out_features), jnp.int32, spec)
-        layer.scales = zeros_param((layer.in_features // g, layer.out_features), layer.dtype, spec)
+        layer.scales = zeros_param((layer.in_features // g, layer.out_features), layer.dtype, group_spec)
         if self.has_zeros:
-            layer.qzeros = zeros_param((layer.in_features // g, layer.out_features), jnp.int8, spec)
+            layer.qzeros = zeros_param((layer.in_features // g, layer.out_features), jnp.int8, group_spec)
 
     def hf_tensors(self, i: int, o: int, g: int) -> dict[str, HFTensor]:
         """The format's tensors of one [in=i, out=o] product with groups of g (subclasses)."""

@@ -2,8 +2,8 @@
 tests/helpers/quant_moe_mesh_cases.py): the greedy tokens of transformers on the dequantized
 weights (top-4 logprobs within 1e-4), the stacked quantized Params split like the float experts
 (by expert under EP; gate/up columns and their scales, down's input rows and groups under TP;
-down's per-column fp8 scale whole), and a down projection whose groups do not split refused
-naming the layer."""
+down's per-column fp8 scale whole), per-channel int8 Linears under TP, and a down projection
+whose groups do not split refused naming the layer (experts) or the tensor (a Linear)."""
 
 from __future__ import annotations
 
@@ -54,3 +54,9 @@ def test_groups_that_do_not_split_are_refused_naming_the_layer(results):
     error = results["group_error"]
     assert "model.layers.1.mlp.experts" in error and "tensor_parallel_size=4" in error, error
     assert "--enable-expert-parallel" in error
+
+
+def test_a_linear_whose_groups_do_not_split_is_refused_naming_the_tensor(results):
+    error = results["linear_group_error"]
+    assert ".mlp.shared_expert.down_proj." in error and "over 2 devices" in error, error
+    assert "tensor_parallel_size" in error, error
