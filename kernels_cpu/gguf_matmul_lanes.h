@@ -14,6 +14,9 @@
 // Offsets that are integers go into the integer accumulator's start: Q4_0's q - 8 is
 // -8 sum(q_x), and Q8_0's signed q is q + 128 (unsigned, as dpbusd wants) less 128 sum(q_x).
 // Without VNNI (maddubs, whose pair sums saturate at 16 bits) Q8_0 keeps the sign trick instead.
+// Q6_K: a block of x is two sub-blocks of 16 with their own int8 scales, so a block is two
+// integer sums of 4 steps each (halves), each with its d * scale and its start -32 sum(q_x of the
+// half); its q is kept unsigned (0 .. 63, so maddubs' pair sums, <= 2 * 63 * 127, cannot saturate).
 
 #if defined(JAXLM_AVX2)
 
@@ -98,60 +101,86 @@ constexpr bool sign_trick() {  // Q8_0's signed bytes without VNNI
 }
 template <int T, class V>
 constexpr int32_t int_bias() {  // w = d (u - bias) with u the unpacked unsigned byte
-  return T == kQ4_0 ? 8 : (T == kQ8_0 && !sign_trick<T, V>()) ? 128 : 0;
+  return T == kQ4_0 ? 8 : T == kQ6_K ? 32 : (T == kQ8_0 && !sign_trick<T, V>()) ? 128 : 0;
+}
+template <int T>
+constexpr int halves() {  // integer sums per block of x, each with its own scale: Q6_K's 2 sub-blocks
+  return T == kQ6_K ? 2 : 1;
 }
 
 // x for the lanes path: groups of L rows (the last padded with zero rows).
 struct LaneX {
   int64_t groups = 0;
+  int H = 1;                    // halves<T>()
   std::vector<int8_t> q;        // [group][block][k/4][L][4]
   std::vector<float> d, ds;     // [group][block][L]: d_x, d_x sum(q_x)
-  std::vector<int32_t> init;    // [group][block][L]: -bias sum(q_x)
+  std::vector<int32_t> init;    // [group][block][H][L]: -bias sum(q_x) over the block (H = 1) or its half
 };
 
-void size_lanes(int64_t M, int64_t K, int L, LaneX& lx) {
+void size_lanes(int64_t M, int64_t K, int L, int H, LaneX& lx) {
   const int64_t nb = K / kQK;
   lx.groups = (M + L - 1) / L;
+  lx.H = H;
   lx.q.assign(lx.groups * nb * kQK * L, 0);
   lx.d.assign(lx.groups * nb * L, 0.0f);
   lx.ds.assign(lx.groups * nb * L, 0.0f);
-  lx.init.assign(lx.groups * nb * L, 0);
+  lx.init.assign(lx.groups * nb * H * L, 0);
 }
 
 // Groups g0 .. g1 of x (sized by size_lanes) from its rows rounded a row at a time.
 void pack_lanes(const QuantizedX& qx, int64_t M, int64_t K, int L, int32_t bias, int64_t g0, int64_t g1, LaneX& lx) {
   const int64_t nb = K / kQK;
+  const int H = lx.H, per = kQK / H;
   for (int64_t m = g0 * L; m < std::min(M, g1 * L); ++m) {
     const int64_t g = m / L, r = m % L;
     for (int64_t b = 0; b < nb; ++b) {
       const int8_t* src = qx.q.data() + m * K + b * kQK;
       int8_t* dst = lx.q.data() + (g * nb + b) * kQK * L + r * 4;
-      int32_t sum = 0;
       for (int k4 = 0; k4 < kQK / 4; ++k4) std::memcpy(dst + k4 * 4 * L, src + 4 * k4, 4);
-      for (int j = 0; j < kQK; ++j) sum += src[j];
+      for (int h = 0; h < H; ++h) {
+        int32_t sum = 0;
+        for (int j = h * per; j < (h + 1) * per; ++j) sum += src[j];
+        lx.init[((g * nb + b) * H + h) * L + r] = -bias * sum;
+      }
       const int64_t at = (g * nb + b) * L + r;
       lx.d[at] = qx.d[m * nb + b];
       lx.ds[at] = qx.ds[m * nb + b];
-      lx.init[at] = -bias * sum;
     }
   }
 }
 
 // kLaneCols weight rows from n (rows at or past n1 zero) as unsigned bytes u [kLaneCols][K] and per block
-// of 32 their scale dw and float offset mw, [block][kLaneCols].
+// of 32 their scales dw [block][halves][kLaneCols] and float offset mw [block][kLaneCols].
 template <int T, class V>
 void unpack_cols(const uint8_t* w, int64_t row_bytes, int64_t K, int64_t n, int64_t n1, uint8_t* u, float* dw,
                  float* mw) {
   const int64_t nb = K / kQK;
+  constexpr int H = halves<T>();
   for (int c = 0; c < kLaneCols; ++c) {
     uint8_t* uc = u + c * K;
     if (n + c >= n1) {
       std::memset(uc, 0, K);
-      for (int64_t b = 0; b < nb; ++b) dw[b * kLaneCols + c] = mw[b * kLaneCols + c] = 0.0f;
+      for (int64_t b = 0; b < nb; ++b) {
+        mw[b * kLaneCols + c] = 0.0f;
+        for (int h = 0; h < H; ++h) dw[(b * H + h) * kLaneCols + c] = 0.0f;
+      }
       continue;
     }
     const uint8_t* wrow = w + (n + c) * row_bytes;
-    if constexpr (is_kquant(T)) {  // Q4_K / Q5_K: a sub-block of 32 is a block here
+    if constexpr (T == kQ6_K) {  // block b of a super-block: sub-blocks 2b, 2b + 1
+      float dsc[16];
+      for (int64_t s = 0; s < K / kQK_K; ++s) {
+        const BlockQ6_K& blk = reinterpret_cast<const BlockQ6_K*>(wrow)[s];
+        scales6(blk, dsc);
+        for (int j = 0; j < 8; ++j) {
+          const int64_t b = s * 8 + j;
+          const __m256i q = _mm256_add_epi8(kquant_bytes<T>(blk, j), _mm256_set1_epi8(32));  // 0 .. 63
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(uc + b * kQK), q);
+          dw[(b * 2) * kLaneCols + c] = dsc[2 * j], dw[(b * 2 + 1) * kLaneCols + c] = dsc[2 * j + 1];
+          mw[b * kLaneCols + c] = 0.0f;
+        }
+      }
+    } else if constexpr (is_kquant(T)) {  // Q4_K / Q5_K: a sub-block of 32 is a block here
       using B = typename KBlock<T>::type;
       float dsc[16], dmn[8];
       for (int64_t s = 0; s < K / kQK_K; ++s) {
@@ -180,29 +209,31 @@ void unpack_cols(const uint8_t* w, int64_t row_bytes, int64_t K, int64_t n, int6
 template <int T, class V>
 void lanes_dot(const uint8_t* u, const float* dw, const float* mw, int64_t K, const int8_t* xq, const float* xd,
                const float* xds, const int32_t* xinit, float* res) {
-  constexpr int L = V::L;
+  constexpr int L = V::L, H = halves<T>(), steps = kQK / 4 / H;  // dpbusd steps per integer sum
   const int64_t nb = K / kQK;
   typename V::F facc[kLaneCols];
   for (int c = 0; c < kLaneCols; ++c) facc[c] = V::zerof();
   for (int64_t b = 0; b < nb; ++b) {
-    typename V::I iacc[kLaneCols];
-    const typename V::I start = int_bias<T, V>() != 0 ? V::load(xinit + b * L) : V::zeroi();
-    for (int c = 0; c < kLaneCols; ++c) iacc[c] = start;
+    const typename V::F dx = V::loadf(xd + b * L);
     const int8_t* xb = xq + b * kQK * L;
     const uint8_t* ub = u + b * kQK;
-    for (int k4 = 0; k4 < kQK / 4; ++k4) {
-      const typename V::I xv = V::load(xb + k4 * 4 * L);
-      for (int c = 0; c < kLaneCols; ++c) {
-        const typename V::I wv = V::bcast(ub + c * K + 4 * k4);
-        if constexpr (sign_trick<T, V>())
-          iacc[c] = V::dot(iacc[c], V::abs8(wv), V::sign8(xv, wv));
-        else
-          iacc[c] = V::dot(iacc[c], wv, xv);
+    for (int h = 0; h < H; ++h) {
+      typename V::I iacc[kLaneCols];
+      const typename V::I start = int_bias<T, V>() != 0 ? V::load(xinit + (b * H + h) * L) : V::zeroi();
+      for (int c = 0; c < kLaneCols; ++c) iacc[c] = start;
+      for (int k4 = h * steps; k4 < (h + 1) * steps; ++k4) {
+        const typename V::I xv = V::load(xb + k4 * 4 * L);
+        for (int c = 0; c < kLaneCols; ++c) {
+          const typename V::I wv = V::bcast(ub + c * K + 4 * k4);
+          if constexpr (sign_trick<T, V>())
+            iacc[c] = V::dot(iacc[c], V::abs8(wv), V::sign8(xv, wv));
+          else
+            iacc[c] = V::dot(iacc[c], wv, xv);
+        }
       }
+      for (int c = 0; c < kLaneCols; ++c)
+        facc[c] = V::fma(V::cvt(iacc[c]), V::mul(V::set1(dw[(b * H + h) * kLaneCols + c]), dx), facc[c]);
     }
-    const typename V::F dx = V::loadf(xd + b * L);
-    for (int c = 0; c < kLaneCols; ++c)
-      facc[c] = V::fma(V::cvt(iacc[c]), V::mul(V::set1(dw[b * kLaneCols + c]), dx), facc[c]);
     if constexpr (has_min<T>()) {
       const typename V::F dsx = V::loadf(xds + b * L);
       for (int c = 0; c < kLaneCols; ++c) facc[c] = V::fma(V::set1(mw[b * kLaneCols + c]), dsx, facc[c]);
@@ -213,7 +244,7 @@ void lanes_dot(const uint8_t* u, const float* dw, const float* mw, int64_t K, co
 
 template <int T>
 constexpr bool has_lanes() {
-  return T == kQ8_0 || T == kQ4_0 || T == kQ4_1 || T == kQ4_K || T == kQ5_K;
+  return T == kQ8_0 || T == kQ4_0 || T == kQ4_1 || T == kQ4_K || T == kQ5_K || T == kQ6_K;
 }
 
 // out [M, N] columns n0 .. n1: kLaneCols weight rows at a time, unpacked once, against every group.
@@ -223,14 +254,14 @@ void lanes_tile(const uint8_t* w, int64_t row_bytes, const LaneX& lx, int64_t M,
   constexpr int L = V::L;
   const int64_t nb = K / kQK;
   std::vector<uint8_t> u(kLaneCols * K);
-  std::vector<float> dw(nb * kLaneCols), mw(nb * kLaneCols);
+  std::vector<float> dw(nb * halves<T>() * kLaneCols), mw(nb * kLaneCols);
   alignas(64) float res[kLaneCols * L];
   for (int64_t n = n0; n < n1; n += kLaneCols) {
     unpack_cols<T, V>(w, row_bytes, K, n, n1, u.data(), dw.data(), mw.data());
     for (int64_t g = 0; g < lx.groups; ++g) {
       const int64_t at = g * nb * L;
       lanes_dot<T, V>(u.data(), dw.data(), mw.data(), K, lx.q.data() + at * kQK, lx.d.data() + at,
-                      lx.ds.data() + at, lx.init.data() + at, res);
+                      lx.ds.data() + at, lx.init.data() + at * lx.H, res);
       const int64_t rows = std::min<int64_t>(L, M - g * L), cols = std::min<int64_t>(kLaneCols, n1 - n);
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t c = 0; c < cols; ++c) out[(g * L + r) * N + n + c] = res[c * L + r];
