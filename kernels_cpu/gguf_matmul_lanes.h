@@ -168,6 +168,9 @@ void unpack_cols(const uint8_t* w, int64_t row_bytes, int64_t K, int64_t n, int6
       continue;
     }
     const uint8_t* wrow = w + (n + c) * row_bytes;
+    // The next tile's row c: W streams from memory for the LM head (as in the row path).
+    for (int64_t at = 0; at < row_bytes; at += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(wrow + kLaneCols * row_bytes + at), _MM_HINT_T0);
     if constexpr (T == kQ6_K) {  // block b of a super-block: sub-blocks 2b, 2b + 1
       float dsc[16];
       for (int64_t s = 0; s < K / kQK_K; ++s) {
@@ -218,10 +221,13 @@ void lanes_dot(const uint8_t* u, const float* dw, const float* mw, int64_t K, co
     const typename V::F dx = V::loadf(xd + b * L);
     const int8_t* xb = xq + b * kQK * L;
     const uint8_t* ub = u + b * kQK;
+    // Unrolled: GCC otherwise left Q6_K's halves as loops (k4 bounds not constant, x spilled).
+#pragma GCC unroll 2
     for (int h = 0; h < H; ++h) {
       typename V::I iacc[kLaneCols];
       const typename V::I start = int_bias<T, V>() != 0 ? V::load(xinit + (b * H + h) * L) : V::zeroi();
       for (int c = 0; c < kLaneCols; ++c) iacc[c] = start;
+#pragma GCC unroll 8
       for (int k4 = h * steps; k4 < (h + 1) * steps; ++k4) {
         const typename V::I xv = V::load(xb + k4 * 4 * L);
         for (int c = 0; c < kLaneCols; ++c) {
