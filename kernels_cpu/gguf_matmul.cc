@@ -13,15 +13,14 @@
 // AVX512-VNNI (dpbusd) or AVX2 (maddubs + madd) when -march=native has them, else plain C++.
 //
 // Three paths; the threads take tiles of kTileN weight rows in each.
-//  * One to three rows (batch-1 decode; Q6_K one to four; gguf_matmul_rows.h): the integer dots
-//    a row of x at a time against four weight rows (independent accumulators, the next rows
-//    prefetched): a stream over W.
-//  * lanes_min_rows<T>() (4, Q6_K 5) rows and more, below f32_min_rows (batched decode, and
-//    prefill: the model passes f32_min_rows 0; gguf_matmul_lanes.h): rows of x in vector lanes,
-//    8 or 16 a vector, a weight row's 4 bytes broadcast against them, so one dpbusd serves every
-//    row and the block's scales are one vector op per weight row (Q6_K: two, one per sub-block
-//    of 16). The generic build takes the row path for these too (rows four at a time against
-//    two weight rows).
+//  * One to three rows (batch-1 decode; gguf_matmul_rows.h): the integer dots a row of x at a
+//    time against four weight rows (independent accumulators, the next rows prefetched): a
+//    stream over W.
+//  * kLanesMinRows (4) rows and more, below f32_min_rows (batched decode, and prefill: the model
+//    passes f32_min_rows 0; gguf_matmul_lanes.h): rows of x in vector lanes, 8 or 16 a vector,
+//    a weight row's 4 bytes broadcast against them, so one dpbusd serves every row and the
+//    block's scales are one vector op per weight row (Q6_K: two, one per sub-block of 16). The
+//    generic build takes the row path for these too (rows four at a time against two weight rows).
 //  * M >= f32_min_rows: each tile is dequantized once to f32 and reused across every row of x
 //    in a register-blocked f32 product (x as given, not rounded; gguf_matmul_f32.h). The model
 //    does not use it (XLA's dot measured faster).
@@ -202,14 +201,8 @@ void parallel_for(ffi::ThreadPool& pool, int64_t items, int64_t work, std::funct
 }
 
 #if defined(JAXLM_AVX2)
-// From this many rows of x the lanes path (gguf_matmul_lanes.h) beats a row at a time. Q6_K's
-// from 5: at 4 rows (half of 8 lanes used, two integer sums a block) it ran 0.76-1.0x the row
-// path's single pass of 4 rows, from 5 1.2-1.4x (docs/PERF_NOTES.md, session 13).
+// From this many rows of x the lanes path (gguf_matmul_lanes.h) beats a row at a time.
 constexpr int64_t kLanesMinRows = 4;
-template <int T>
-constexpr int64_t lanes_min_rows() {
-  return T == kQ6_K ? 5 : kLanesMinRows;
-}
 
 template <int T, class V>
 void lanes_all(ffi::ThreadPool& pool, const uint8_t* w, int64_t row_bytes, const QuantizedX& qx, int64_t M,
@@ -289,7 +282,7 @@ ffi::Error GgufMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
     constexpr int T = decltype(t)::value;
 #if defined(JAXLM_AVX2)
     if constexpr (has_lanes<T>()) {
-      if (M >= lanes_min_rows<T>()) {
+      if (M >= kLanesMinRows) {
 #if defined(JAXLM_LANES16)
         if (M > Lanes8::L) return lanes_all<T, Lanes16>(pool, wp, row_bytes, qx, M, K, N, o);
 #endif

@@ -1,7 +1,6 @@
-// gguf_matmul.cc's integer path for several rows of x (lanes_min_rows<T>() .. f32_min_rows - 1,
-// batched decode, prefill): a part of that file, included once inside its anonymous namespace
-// after the block types, QuantizedX, nibbles and gguf_kquants.h. kernels_cpu/build.py hashes it
-// with the sources.
+// gguf_matmul.cc's integer path for several rows of x (kLanesMinRows .. f32_min_rows - 1, batched
+// decode): a part of that file, included once inside its anonymous namespace after the block
+// types, QuantizedX, nibbles and gguf_kquants.h. kernels_cpu/build.py hashes it with the sources.
 //
 // Rows of x in vector lanes. The row-at-a-time kernel (dot_rows) spends, per 32 multiply-adds of
 // one block, a dot product, a conversion, a scalar scale product and broadcast, an FMA and a

@@ -1,5 +1,5 @@
-// gguf_matmul.cc's integer path a row of x at a time: fewer than lanes_min_rows<T>() rows (the
-// K-quants' in gguf_kquants.h's dot_row_k), and every few-rows product in the generic build. A
+// gguf_matmul.cc's integer path a row of x at a time: fewer than kLanesMinRows rows (the K-quants'
+// in gguf_kquants.h's dot_row_k), and every few-rows product in the generic build. A
 // part of that file, included once inside its anonymous namespace after the block types,
 // QuantizedX, the AVX2 helpers and gguf_kquants.h. kernels_cpu/build.py hashes it with the sources.
 

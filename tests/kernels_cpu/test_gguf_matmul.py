@@ -85,7 +85,7 @@ def test_matches_reference(cpu_kernels, qtype):
         np.testing.assert_array_equal(default, out32 if m >= F32_MIN_ROWS else out)
 
 
-# Q6_K from 5 rows (the lanes path: a block of x is two of its sub-blocks, two integer sums with
+# Q6_K from 4 rows (the lanes path: a block of x is two of its sub-blocks, two integer sums with
 # their own scales and -32 starts): rows 1-64 across whole (8, 16, 32, 48, 64) and padded lane
 # groups of 8 (256-bit) and 16 (512-bit), N not a multiple of the 4 or 8 weight rows a pass or the
 # tile of 16, K of 1-5 super-blocks.
