@@ -17,7 +17,8 @@
 // call serves every type, and a scale per 32 values is closer to x than llama.cpp's Q8_K scale
 // per 256). A block of x is one Q4_K/Q5_K sub-block, so its product is one integer dot product
 // times d * sc * d_x (less dmin * m * d_x * sum(q_x)); it is two Q6_K sub-blocks, whose halves
-// land in separate 32-bit lanes of the dot product and take their own scale.
+// land in separate 32-bit lanes of the row path's dot product and take their own scale (the lanes
+// path, gguf_matmul_lanes.h, takes them as two integer sums of 16 values instead).
 
 constexpr int kQK_K = 256;  // values per K-quant super-block
 

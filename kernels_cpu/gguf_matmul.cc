@@ -21,9 +21,9 @@
 //    against 4 bytes of 16 weight rows, one dpbusd advancing all 16 rows' dot products; up to 4
 //    rows of x take turns against a group's block while it is in L1.
 //  * K-quants, fewer than kLanesMinRows (4) rows (matmul_tile below): a row of x at a time.
-//  * Q4_K / Q5_K from kLanesMinRows rows (gguf_matmul_lanes.h): rows of x in vector lanes, 8 or 16
-//    a vector, a weight row's 4 bytes broadcast against them. Q6_K and the generic build take the
-//    row path for these too.
+//  * K-quants from kLanesMinRows rows (gguf_matmul_lanes.h): rows of x in vector lanes, 8 or 16
+//    a vector, a weight row's 4 bytes broadcast against them (Q6_K: two sums a block, one per
+//    sub-block of 16). The generic build takes the row path for these too.
 //  * M >= f32_min_rows: each tile is dequantized once to f32 and reused across every row of x
 //    in a register-blocked f32 product (x as given, not rounded; gguf_matmul_f32.h). The model
 //    does not use it (XLA's dot measured faster).
@@ -223,7 +223,7 @@ template <int T, class V>
 void lanes_all(ffi::ThreadPool& pool, const uint8_t* w, int64_t row_bytes, const QuantizedX& qx, int64_t M,
                int64_t K, int64_t N, float* out) {
   LaneX lx;
-  size_lanes(M, K, V::L, lx);
+  size_lanes(M, K, V::L, halves<T>(), lx);
   parallel_for(pool, lx.groups, M * K * 8, [&](int64_t g0, int64_t g1) {
     pack_lanes(qx, M, K, V::L, int_bias<T, V>(), g0, g1, lx);
   });

@@ -90,6 +90,45 @@ def test_matches_reference(cpu_kernels, qtype):
         np.testing.assert_array_equal(default, out32 if m >= F32_MIN_ROWS else out)
 
 
+# Q6_K from 4 rows (the lanes path: a block of x is two of its sub-blocks, two integer sums with
+# their own scales and -32 starts): rows 1-64 across whole (8, 16, 32, 48, 64) and padded lane
+# groups of 8 (256-bit) and 16 (512-bit), N not a multiple of the 4 or 8 weight rows a pass or the
+# tile of 16, K of 1-5 super-blocks.
+Q6K_LANES = [(m, n, k) for m, n, k in zip(
+    (1, 2, 3, 4, 5, 7, 8, 9, 12, 15, 16, 17, 24, 31, 32, 33, 40, 47, 48, 49, 63, 64),
+    (1, 3, 9, 7, 17, 5, 23, 8, 37, 2, 19, 11, 33, 6, 16, 13, 9, 41, 3, 25, 10, 21),
+    (256, 768, 512, 1280, 256, 512, 768, 256, 1024, 512, 256, 768, 512, 256, 1280, 512, 256, 768, 512, 256, 1024,
+     512))]
+
+
+def test_q6k_lanes(cpu_kernels):
+    """Q6_K's int8 path at 1-64 rows against the gguf package's dequantizer and a float64 matmul
+    of x as the kernel rounds it (within 1e-5 of the largest |output|), and each batch's first
+    and last rows against that row alone (the row path)."""
+    rng = np.random.default_rng(614)
+    for m, n, k in Q6K_LANES:
+        x, w = _case(rng, 14, m, n, k)
+        out = np.asarray(_matmul(jnp.asarray(x), jnp.asarray(w), 14, f32_min_rows=0))
+        exact = gguf_matmul_reference(x, w, 14, quantize_x=True)
+        scale = np.abs(exact).max()
+        np.testing.assert_allclose(out, exact, rtol=0, atol=1e-5 * scale, err_msg=f"{m}x{n}x{k}")
+        for r in {0, m - 1}:
+            alone = np.asarray(_matmul(jnp.asarray(x[r:r + 1]), jnp.asarray(w), 14, f32_min_rows=0))
+            np.testing.assert_allclose(out[r], alone[0], rtol=0, atol=1e-5 * scale, err_msg=f"row {r} {m}x{n}x{k}")
+    # The integer sums' extremes: every q 63 (w = 31 d scale), scales -128 and 127, x's blocks
+    # all at +-127 once rounded; 16 and 17 rows.
+    w = np.full((9, 2, 210), 0xFF, np.uint8)
+    w[:, :, 192:208] = np.array([-128, 127] * 8, np.int8).view(np.uint8)
+    w[:, :, 208:210] = np.full((9, 2), 0.01, np.float16)[..., None].view(np.uint8)
+    w = w.reshape(9, -1)
+    for m in (16, 17):
+        x = np.where(rng.random((m, 512)) < 0.5, -3.0, 3.0).astype(np.float32)
+        x[1] = 3.0
+        out = np.asarray(_matmul(jnp.asarray(x), jnp.asarray(w), 14, f32_min_rows=0))
+        exact = gguf_matmul_reference(x, w, 14, quantize_x=True)
+        np.testing.assert_allclose(out, exact, rtol=0, atol=1e-5 * np.abs(exact).max(), err_msg=f"extremes {m}")
+
+
 def test_leading_dims_and_errors(cpu_kernels):
     rng = np.random.default_rng(1)
     x, w = _case(rng, 8, 6, 9, 64)
