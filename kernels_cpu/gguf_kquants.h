@@ -145,19 +145,12 @@ inline __m256i kquant_bytes(const typename KBlock<T>::type& blk, int j) {
 #endif
 
 // out[m, n] for rows m0 .. m0 + R of x against weight row n of nsb super-blocks (R <= kRowsM);
-// gguf_matmul.cc's dot_row for the K-quants.
+// the K-quants' row path (gguf_matmul.cc's matmul_tile).
 template <int T, int R>
 void dot_row_k(const uint8_t* wrow, int64_t nsb, const QuantizedX& qx, int64_t m0, int64_t K, float* out,
                int64_t N, int64_t n) {
   using B = typename KBlock<T>::type;
-  const int64_t nb = K / kQK;
-  const int8_t* xq[R];
-  const float *xd[R], *xds[R];
-  for (int r = 0; r < R; ++r) {
-    xq[r] = qx.q.data() + (m0 + r) * K;
-    xd[r] = qx.d.data() + (m0 + r) * nb;
-    xds[r] = qx.ds.data() + (m0 + r) * nb;
-  }
+  const XRows<R> x(qx, m0, K);
   float off[R] = {};  // the mins' terms on sum(q_x), per row
   float dsc[16], dmn[8];
 #if defined(JAXLM_AVX2)
@@ -175,7 +168,7 @@ void dot_row_k(const uint8_t* wrow, int64_t nsb, const QuantizedX& qx, int64_t m
     } else {
       scales_mins(blk, dsc, dmn);
       for (int r = 0; r < R; ++r)
-        for (int j = 0; j < 8; ++j) off[r] -= dmn[j] * xds[r][b0 + j];
+        for (int j = 0; j < 8; ++j) off[r] -= dmn[j] * x.ds[r][b0 + j];
     }
 #if defined(JAXLM_AVX2)
     for (int j = 0; j < 8; ++j) {
@@ -185,15 +178,15 @@ void dot_row_k(const uint8_t* wrow, int64_t nsb, const QuantizedX& qx, int64_t m
         const __m256i wu = _mm256_sign_epi8(wv, wv);
         const __m256 sv = _mm256_set_m128(_mm_set1_ps(dsc[2 * j + 1]), _mm_set1_ps(dsc[2 * j]));
         for (int r = 0; r < R; ++r) {
-          const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[r] + (b0 + j) * kQK));
+          const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q[r] + (b0 + j) * kQK));
           const __m256 p = _mm256_cvtepi32_ps(dot_u8_i8(wu, _mm256_sign_epi8(xv, wv)));
-          acc[r] = _mm256_fmadd_ps(p, _mm256_mul_ps(sv, _mm256_set1_ps(xd[r][b0 + j])), acc[r]);
+          acc[r] = _mm256_fmadd_ps(p, _mm256_mul_ps(sv, _mm256_set1_ps(x.d[r][b0 + j])), acc[r]);
         }
       } else {
         for (int r = 0; r < R; ++r) {
-          const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[r] + (b0 + j) * kQK));
+          const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q[r] + (b0 + j) * kQK));
           const __m256 p = _mm256_cvtepi32_ps(dot_u8_i8(wv, xv));
-          acc[r] = _mm256_fmadd_ps(p, _mm256_set1_ps(dsc[j] * xd[r][b0 + j]), acc[r]);
+          acc[r] = _mm256_fmadd_ps(p, _mm256_set1_ps(dsc[j] * x.d[r][b0 + j]), acc[r]);
         }
       }
     }
@@ -202,12 +195,12 @@ void dot_row_k(const uint8_t* wrow, int64_t nsb, const QuantizedX& qx, int64_t m
     for (int j = 0; j < 8; ++j) {
       const int* qj = q + 32 * j;
       for (int r = 0; r < R; ++r) {
-        const int8_t* xb = xq[r] + (b0 + j) * kQK;
+        const int8_t* xb = x.q[r] + (b0 + j) * kQK;
         int s0 = 0, s1 = 0;
         for (int l = 0; l < 16; ++l) s0 += qj[l] * xb[l];
         for (int l = 16; l < 32; ++l) s1 += qj[l] * xb[l];
         const float sum = T == kQ6_K ? float(s0) * dsc[2 * j] + float(s1) * dsc[2 * j + 1] : float(s0 + s1) * dsc[j];
-        acc[r] += sum * xd[r][b0 + j];
+        acc[r] += sum * x.d[r][b0 + j];
       }
     }
 #endif

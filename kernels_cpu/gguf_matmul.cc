@@ -105,6 +105,17 @@ struct QuantizedX {
   std::vector<float> d, ds;
 };
 
+// Rows m0 .. m0 + R of x: their int8 values, scales and d * sum(q) per block.
+template <int R>
+struct XRows {
+  const int8_t* q[R];
+  const float *d[R], *ds[R];
+  XRows(const QuantizedX& qx, int64_t m0, int64_t K) {
+    for (int r = 0; r < R; ++r)
+      q[r] = qx.q.data() + (m0 + r) * K, d[r] = qx.d.data() + (m0 + r) * (K / 32), ds[r] = qx.ds.data() + (m0 + r) * (K / 32);
+  }
+};
+
 void quantize_rows(const float* x, int64_t K, int64_t m0, int64_t m1, QuantizedX& qx) {
   const int64_t nb = K / kQK;
   for (int64_t m = m0; m < m1; ++m) {

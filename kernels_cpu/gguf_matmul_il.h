@@ -107,13 +107,7 @@ void il_group(const uint8_t* w, int64_t nb, const QuantizedX& qx, int64_t m0, in
               int64_t g) {
   constexpr int H = kIL / V::L, C = il_chunks<T>();
   constexpr bool kSign = T == kQ8_0 && !V::kVnni;  // maddubs' 16-bit pair sums would saturate at q + 128
-  const int8_t* xq[R];
-  const float *xd[R], *xds[R];
-  for (int r = 0; r < R; ++r) {
-    xq[r] = qx.q.data() + (m0 + r) * K;
-    xd[r] = qx.d.data() + (m0 + r) * nb;
-    xds[r] = qx.ds.data() + (m0 + r) * nb;
-  }
+  const XRows<R> x(qx, m0, K);
   typename V::F acc[R][H];
   for (int r = 0; r < R; ++r)
     for (int h = 0; h < H; ++h) acc[r][h] = V::zerof();
@@ -141,7 +135,7 @@ void il_group(const uint8_t* w, int64_t nb, const QuantizedX& qx, int64_t m0, in
       if constexpr (T == kQ4_0) c = V::mul(d, V::set1(-8.0f));
       if constexpr (T == kQ8_0) c = V::mul(d, V::set1(-128.0f));
       for (int r = 0; r < R; ++r) {
-        const uint8_t* xb = reinterpret_cast<const uint8_t*>(xq[r] + b * kQK);
+        const uint8_t* xb = reinterpret_cast<const uint8_t*>(x.q[r] + b * kQK);
         typename V::I s0 = V::zeroi(), s1 = V::zeroi();
         for (int j = 0; j < C; ++j) {
           const typename V::I xv = V::bcast(xb + 4 * j);
@@ -156,8 +150,8 @@ void il_group(const uint8_t* w, int64_t nb, const QuantizedX& qx, int64_t m0, in
             typename V::I& s = (j & 1) ? s0 : s1;
             s = V::dot(s, wv[C + j], V::bcast(xb + kQK / 2 + 4 * j));
           }
-        acc[r][h] = V::fma(V::cvt(il_add<V>(s0, s1)), V::mul(d, V::set1(xd[r][b])), acc[r][h]);
-        if constexpr (!kSign) acc[r][h] = V::fma(c, V::set1(xds[r][b]), acc[r][h]);
+        acc[r][h] = V::fma(V::cvt(il_add<V>(s0, s1)), V::mul(d, V::set1(x.d[r][b])), acc[r][h]);
+        if constexpr (!kSign) acc[r][h] = V::fma(c, V::set1(x.ds[r][b]), acc[r][h]);
       }
     }
   }
