@@ -263,7 +263,7 @@ class EngineCoreProc:
         except BaseException as e:  # noqa: BLE001 - told to the front end, which raises it
             logger.exception("engine core %d failed to start", engine_index)
             output_socket.send_multipart([MSG_FAILED, encoder.encode((engine_index, type(e).__name__, str(e)))])
-            output_socket.close(linger=5000)
+            _flush_and_close(ctx, output_socket, input_socket)
             sys.exit(1)
         ready = EngineCoreReady(engine_index, int(config.cache_config.num_gpu_blocks),
                                 int(config.model_config.weight_bytes or 0))
@@ -274,10 +274,9 @@ class EngineCoreProc:
         except BaseException as e:  # noqa: BLE001 - the front end fails every open request with it
             logger.exception("engine core %d died", engine_index)
             proc.send(EngineCoreOutputs(engine_index, engine_dead=f"{type(e).__name__}: {e}"))
-            output_socket.close(linger=5000)
+            _flush_and_close(ctx, output_socket, input_socket)
             _exit(core, 1)
-        output_socket.close(linger=1000)
-        input_socket.close(linger=0)
+        _flush_and_close(ctx, output_socket, input_socket, linger_ms=1000)
         _exit(core, 0)
 
     def run_busy_loop(self) -> None:
@@ -338,6 +337,15 @@ class EngineCoreProc:
     def send(self, outputs: EngineCoreOutputs) -> None:
         outputs.num_adds_seen = self.num_adds_seen
         self.output_socket.send_multipart([MSG_OUTPUTS, self.encoder.encode(outputs)], copy=False)
+
+
+def _flush_and_close(ctx, output_socket, input_socket, linger_ms: int = 5000) -> None:
+    """Closes the sockets and waits (up to linger_ms) until what was sent has left: the
+    interpreter's exit does not terminate a zmq context, so a message queued just before it (why
+    the core died) could be dropped, and the front end would only see the exit code."""
+    input_socket.close(linger=0)
+    output_socket.close(linger=linger_ms)
+    ctx.term()
 
 
 def _exit(core: EngineCore, code: int) -> None:
