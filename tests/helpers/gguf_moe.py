@@ -62,7 +62,7 @@ def run_llm(path: str, tokenizer: str, quantization: str | None = None, twice: b
             **engine) -> tuple[list[dict], dict]:
     """quant_moe.run_llm on a GGUF file, plus: the dtype of every Param by path (``dtypes``) and,
     with ``twice``, the outputs of the same prompts again (``again``: served from the prefix cache)."""
-    import jax  # noqa: F401
+    import jax
     from flax import nnx
 
     from jaxlm import LLM, SamplingParams
@@ -80,8 +80,14 @@ def run_llm(path: str, tokenizer: str, quantization: str | None = None, twice: b
     got = generate()
     runner = llm.llm_engine.get_model_runner()
     flat = nnx.to_flat_state(runner.params)
+    dev = jax.devices()[0]
+
+    def shard(value) -> list[int]:  # device 0's
+        return list([s.data for s in value.addressable_shards if s.device == dev][0].shape)
+
     experts = {".".join(map(str, p)): dict(dtype=str(v.get_value().dtype), shape=list(v.get_value().shape),
-                                           bytes=int(v.get_value().nbytes)) for p, v in flat if "experts" in p}
+                                           shard=shard(v.get_value()), bytes=int(v.get_value().nbytes))
+               for p, v in flat if "experts" in p}
     facts = dict(experts=experts, dtypes={".".join(map(str, p)): str(v.get_value().dtype) for p, v in flat},
                  weight_bytes=llm.llm_engine.engine_config.model_config.weight_bytes)
     if twice:
