@@ -3,9 +3,11 @@
 
 llama.cpp stores each layer's experts stacked (``blk.N.ffn_{gate,up,down}_exps``, numpy shape
 [E, out, in]); they are read one stacked tensor at a time and handed on as HF's per-expert
-tensors (views of it), which the model writes into its own stacked Params. Older Mixtral files
-keep one tensor per expert (``blk.N.ffn_gate.E.weight``). The quantization types are those the
-``gguf`` package dequantizes; any other is an UnsupportedDtypeError naming the tensor.
+tensors (views of it), which the model writes into its own stacked Params: floats, or the
+file's blocks [out, row bytes] when the model keeps that layer's experts in them
+(models/quantization/gguf_moe.py). Older Mixtral files keep one tensor per expert
+(``blk.N.ffn_gate.E.weight``); those are dequantized at load. The quantization types are those
+the ``gguf`` package dequantizes; any other is an UnsupportedDtypeError naming the tensor.
 """
 
 from __future__ import annotations
@@ -91,6 +93,15 @@ def _expert_name(arch: str, layer: str, expert: int | str, part: str) -> str:
 
 def is_stacked_experts(gguf_name: str) -> bool:
     return _EXPS_RE.match(gguf_name) is not None
+
+
+def stacked_experts_key(gguf_name: str) -> str:
+    """The name one stacked ``ffn_*_exps`` tensor goes by in the quantization config's
+    ``tensor_types`` and the loader's block names: the model's experts module (``mlp.experts``
+    in every family, Mixtral's ``block_sparse_moe`` included) and HF's projection name, without an
+    expert index (``model.layers.N.mlp.experts.gate_proj.weight``)."""
+    m = _EXPS_RE.match(gguf_name)
+    return f"model.layers.{m.group(1)}.mlp.experts.{_QWEN_EXPERT[m.group(2)]}.weight"
 
 
 def split_experts(arch: str, gguf_name: str, arr: np.ndarray) -> Iterator[tuple[str, np.ndarray]]:

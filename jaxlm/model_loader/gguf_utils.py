@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from jaxlm.model_loader.gguf_moe import (
-    fix_shape, is_moe, is_stacked_experts, moe_config, moe_hf_name, split_experts)
+    fix_shape, is_moe, is_stacked_experts, moe_config, moe_hf_name, split_experts, stacked_experts_key)
 from jaxlm.model_loader.gguf_reader import GGUFFile, GGUFTensorInfo
 from jaxlm.model_loader.errors import (
     CorruptCheckpointError,
@@ -179,11 +179,12 @@ def gguf_config_dict(reader: GGUFFile, path: str) -> dict[str, Any]:
 
 
 def _tensor_types(reader: GGUFFile, spec: GGUFArch, arch: str) -> dict[str, int]:
-    """HF name -> GGML type id of each tensor kept under its own name (models/quantization/gguf.py
-    keeps the block types it has kernels for in their blocks)."""
+    """HF name -> GGML type id of each tensor kept under its own name, and of each layer's stacked
+    experts under ``stacked_experts_key`` (models/quantization/gguf.py keeps the block types it has
+    kernels for in their blocks)."""
     types = {}
     for t in reader.tensors:
-        name = None if is_stacked_experts(t.name) else gguf_hf_name(t.name, spec.layer_names, arch)
+        name = stacked_experts_key(t.name) if is_stacked_experts(t.name) else gguf_hf_name(t.name, spec.layer_names, arch)
         if name:
             types[name] = int(t.qtype)
     return types
@@ -277,6 +278,17 @@ def _blocks(f: GGUFFile, t: GGUFTensorInfo) -> np.ndarray:
     return f.raw(t).reshape(t.shape[0], -1)
 
 
+def _stacked_blocks(f: GGUFFile, t: GGUFTensorInfo) -> np.ndarray:
+    """A stacked experts tensor's bytes [E, rows, row bytes] (a view of the file)."""
+    import gguf
+
+    block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(t.qtype)][0]
+    if len(t.shape) != 3 or t.shape[-1] % block:
+        raise CorruptCheckpointError(f.path, f"tensor {t.name!r} of shape {t.shape}: not [experts, rows, whole "
+                                     f"{_type_name(t.qtype)} blocks of {block} values]")
+    return f.raw(t).reshape(t.shape[0], t.shape[1], -1)
+
+
 # Types stored as plain numbers: nothing to say when they become the model's float dtype.
 _PLAIN_TYPES = {0, 1, 30}  # F32, F16, BF16
 
@@ -291,8 +303,11 @@ def iterate_gguf_weights(reader: GGUFFile, path: str, blocks: frozenset[str] = f
     kv_heads = int(_field(reader, f"{arch}.attention.head_count_kv", heads))
     for t in reader.tensors:
         if is_stacked_experts(t.name):
-            # One stacked tensor on the host at a time, handed on expert by expert.
-            yield from split_experts(arch, t.name, _tensor_array(reader, t))
+            # One stacked tensor on the host at a time, handed on expert by expert (as blocks:
+            # views of the file).
+            stacked = (_stacked_blocks(reader, t) if stacked_experts_key(t.name) in blocks
+                       else _tensor_array(reader, t))
+            yield from split_experts(arch, t.name, stacked)
             continue
         hf_name = gguf_hf_name(t.name, spec.layer_names, arch)
         if hf_name is None:
@@ -313,7 +328,8 @@ def log_dequantized_types(reader: GGUFFile, path: str, blocks: frozenset[str]) -
     arch, spec = _gguf_arch(reader, path)
     dequantized: dict[str, list[str]] = {}
     for t in reader.tensors:
-        if t.qtype not in _PLAIN_TYPES and gguf_hf_name(t.name, spec.layer_names, arch) not in blocks:
+        name = stacked_experts_key(t.name) if is_stacked_experts(t.name) else gguf_hf_name(t.name, spec.layer_names, arch)
+        if t.qtype not in _PLAIN_TYPES and name not in blocks:
             dequantized.setdefault(_type_name(t.qtype), []).append(t.name)
     if dequantized:
         logger.info("%s: GGUF types without a kernel here, dequantized to float at load: %s", path,

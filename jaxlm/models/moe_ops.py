@@ -18,12 +18,17 @@ Quantized experts pass each product's stored arrays (a tuple, each led by the lo
 and a ``Dequant``: one expert's arrays -> (float weight [K, N] in the activations' dtype, a
 per-column scale [N] for the output or None). The tile loop dequantizes the expert of each tile
 inside the step; ragged_dot gets every local expert dequantized (``jax.vmap``), so the stored
-bytes stay as they are in memory either way.
+bytes stay as they are in memory either way. A format whose two products differ (GGUF: gate/up
+and down each of their own block type) passes a Dequant per product (gate/up's, down's).
+
+A format with its own kernel for one expert's product (GGUF's C++ block matmul) passes
+``TileProducts`` too: the tile loop then calls them on each tile's rows and expert arrays instead
+of dequantizing (ragged_dot, elsewhere, still dequantizes).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence, Union
+from typing import Any, Callable, NamedTuple, Sequence, Union
 
 import jax
 import jax.numpy as jnp
@@ -33,12 +38,34 @@ from jax import lax
 ExpertArrays = Union[jax.Array, Sequence[jax.Array]]
 # One expert's arrays (expert dim gone), the activations' dtype -> (weight [K, N], scale [N] | None).
 Dequant = Callable[[tuple[jax.Array, ...], Any], tuple[jax.Array, "jax.Array | None"]]
+# One Dequant for both products, or (gate/up's, down's).
+Dequants = Union[Dequant, tuple[Dequant, Dequant]]
+# x [R, K] and one expert's arrays (expert dim gone) -> x @ W [R, N] in x's dtype.
+TileProduct = Callable[[jax.Array, tuple[jax.Array, ...]], jax.Array]
+
+
+class TileProducts(NamedTuple):
+    """A format's own products of one tile (gate/up: [R, H] -> [R, 2I], gate then up; down:
+    [R, I] -> [R, H]), for the tile loop."""
+
+    gate_up: TileProduct
+    down: TileProduct
 
 
 def float_weight(parts: tuple[jax.Array, ...], dtype: Any) -> tuple[jax.Array, None]:
     """The float experts' Dequant: the weight as it is, trailing dims merged ([H, 2, I] -> [H, 2I])."""
     w = parts[0]
     return w.reshape(w.shape[0], -1), None
+
+
+def _sides(dequant: Dequants) -> tuple[Dequant, Dequant]:
+    return dequant if isinstance(dequant, tuple) else (dequant, dequant)
+
+
+def dequant_products(dequant: Dequants) -> TileProducts:
+    """The tile products of formats without a kernel: dequantize the tile's expert, then a dot."""
+    gu, down = _sides(dequant)
+    return TileProducts(lambda x, p: _product(x, *gu(p, x.dtype)), lambda x, p: _product(x, *down(p, x.dtype)))
 
 
 def _parts(arrays: ExpertArrays) -> tuple[jax.Array, ...]:
@@ -96,7 +123,7 @@ def _gated(act: Callable[[jax.Array], jax.Array], gate_up: jax.Array) -> jax.Arr
 
 def grouped_mlp_ragged(xs: jax.Array, es: jax.Array, w_gate_up: ExpertArrays, w_down: ExpertArrays,
                        expert_start: jax.Array, act: Callable[[jax.Array], jax.Array],
-                       dequant: Dequant = float_weight) -> jax.Array:
+                       dequant: Dequants = float_weight) -> jax.Array:
     """Each sorted row through its expert's gated MLP with ``ragged_dot``; rows of experts not
     held here ([expert_start, expert_start + El) are) give zeros.
 
@@ -112,15 +139,16 @@ def grouped_mlp_ragged(xs: jax.Array, es: jax.Array, w_gate_up: ExpertArrays, w_
     x = xs[idx]
     row_expert = jnp.clip(es[idx] - expert_start, 0, El - 1)
 
-    def grouped(x, parts):
+    def grouped(x, parts, dequant):
         w, scale = jax.vmap(lambda *p: dequant(p, x.dtype))(*parts)
         if scale is None:
             return lax.ragged_dot(x, w, sizes)
         y = lax.ragged_dot(x, w, sizes, preferred_element_type=jnp.float32)
         return (y * scale.astype(jnp.float32)[row_expert]).astype(x.dtype)
 
-    h = grouped(x, gate_up)
-    y = grouped(_gated(act, h.reshape(M, 2, -1)), down)
+    dq_gate_up, dq_down = _sides(dequant)
+    h = grouped(x, gate_up, dq_gate_up)
+    y = grouped(_gated(act, h.reshape(M, 2, -1)), down, dq_down)
     y = jnp.where((jnp.arange(M) < jnp.sum(sizes))[:, None], y, 0)
     return jnp.zeros_like(y).at[idx].set(y, unique_indices=True)
 
@@ -134,10 +162,11 @@ def tile_rows(num_rows: int, num_local: int) -> int:
 
 def grouped_mlp_tiled(xs: jax.Array, es: jax.Array, w_gate_up: ExpertArrays, w_down: ExpertArrays,
                       expert_start: jax.Array, act: Callable[[jax.Array], jax.Array],
-                      tile: int | None = None, dequant: Dequant = float_weight) -> jax.Array:
+                      tile: int | None = None, dequant: Dequants = float_weight,
+                      products: TileProducts | None = None) -> jax.Array:
     """Same contract as ``grouped_mlp_ragged``, as a loop over tiles that each hold one expert's
     rows (each group padded up to whole tiles); only the tiles in use run, and each dequantizes
-    only its own expert."""
+    only its own expert (or multiplies it by ``products``, which replace ``dequant`` here)."""
     M, H = xs.shape
     gate_up, down = _parts(w_gate_up), _parts(w_down)
     El = gate_up[0].shape[0]
@@ -153,14 +182,13 @@ def grouped_mlp_tiled(xs: jax.Array, es: jax.Array, w_gate_up: ExpertArrays, w_d
     dest = jnp.where(mine, pad_end[local] - padded[local] + rank, cap)  # cap: dropped
     xp = jnp.zeros((cap, H), xs.dtype).at[dest].set(xs, mode="drop")
     tile_expert = jnp.searchsorted(pad_end, jnp.arange(cap // tm) * tm, side="right")
+    prod = products or dequant_products(dequant)
 
     def body(t, yp):
         x = lax.dynamic_slice_in_dim(xp, t * tm, tm)
         e = tile_expert[t]
-        h = _product(x, *dequant(tuple(p[e] for p in gate_up), x.dtype))
-        h = _gated(act, h.reshape(tm, 2, -1))
-        return lax.dynamic_update_slice_in_dim(yp, _product(h, *dequant(tuple(p[e] for p in down), x.dtype)),
-                                               t * tm, 0)
+        h = _gated(act, prod.gate_up(x, tuple(p[e] for p in gate_up)).reshape(tm, 2, -1))
+        return lax.dynamic_update_slice_in_dim(yp, prod.down(h, tuple(p[e] for p in down)), t * tm, 0)
 
     yp = lax.fori_loop(0, pad_end[-1] // tm, body, jnp.zeros((cap, H), xs.dtype))
     return yp.at[dest].get(mode="fill", fill_value=0)
@@ -168,9 +196,10 @@ def grouped_mlp_tiled(xs: jax.Array, es: jax.Array, w_gate_up: ExpertArrays, w_d
 
 def grouped_mlp(xs: jax.Array, es: jax.Array, w_gate_up: ExpertArrays, w_down: ExpertArrays,
                 expert_start: jax.Array, act: Callable[[jax.Array], jax.Array],
-                dequant: Dequant = float_weight) -> jax.Array:
-    """The grouped expert MLP, lowered per platform: tiles on CPU, ``ragged_dot`` elsewhere."""
+                dequant: Dequants = float_weight, products: TileProducts | None = None) -> jax.Array:
+    """The grouped expert MLP, lowered per platform: tiles on CPU (through ``products`` when
+    given), ``ragged_dot`` elsewhere."""
     return lax.platform_dependent(
         xs, es, _parts(w_gate_up), _parts(w_down), expert_start,
-        cpu=lambda *a: grouped_mlp_tiled(*a, act, dequant=dequant),
+        cpu=lambda *a: grouped_mlp_tiled(*a, act, dequant=dequant, products=products),
         default=lambda *a: grouped_mlp_ragged(*a, act, dequant=dequant))

@@ -11,8 +11,11 @@ kernel (kernels_cpu/gguf_matmul.cc) inside the compiled step below F32_MIN_ROWS 
 (decode and prefill chunks of up to 512 tokens), or through XLA's dot on the weight dequantized
 in XLA from there (``gguf_product``); the
 embedding gathers its rows' blocks and dequantizes them in XLA, and a tied LM head goes through
-the same product. Any other type (Q5_0,
-Q2_K, F16, ...) has no kernel: the loader dequantizes it to float at load (one log line names them).
+the same product. A MoE layer's stacked experts whose gate, up and down are each a kernel type
+stay in blocks too (``GGUFMoEMethod``, gguf_moe.py: each tile's expert through the C++ kernel).
+Any other type (Q5_0,
+Q2_K, F16, ...) has no kernel: the loader dequantizes it to float at load (one log line names
+them; a layer's experts with any such projection are dequantized whole).
 Without the C++ kernels on CPU (no compiler) every tensor is dequantized at load, as with
 ``--quantization none``; on an accelerator the blocks are kept and each product dequantizes them
 in XLA (``block_plan``).
@@ -188,7 +191,10 @@ class GGUFConfig(QuantizationConfig):
 
     def get_quant_method(self, layer: nnx.Module, prefix: str) -> QuantizeMethodBase | None:
         from jaxlm.models.layers import Embedding, Linear
+        from jaxlm.models.moe import FusedExperts
 
+        if isinstance(layer, FusedExperts):
+            return self._experts_method(layer, prefix)
         qtype = dict(self.tensor_types).get(f"{prefix}.weight")
         if qtype not in self.kernel_types:
             return None  # float: the loader dequantizes it
@@ -199,6 +205,20 @@ class GGUFConfig(QuantizationConfig):
             _check_whole_blocks(f"{prefix}.weight", layer.dim, qtype)
             return GGUFEmbeddingMethod(qtype, self.cpu_kernels)
         return None
+
+    def _experts_method(self, layer: nnx.Module, prefix: str) -> QuantizeMethodBase | None:
+        """GGUFMoEMethod when gate, up and down are all kernel types (each its own); else None:
+        the loader dequantizes the layer's experts at load (its one log line names them)."""
+        from jaxlm.models.quantization.gguf_moe import PROJECTIONS, GGUFMoEMethod
+
+        types = dict(self.tensor_types)
+        qtypes = tuple(types.get(f"{prefix}.{proj}.weight") for proj, _ in PROJECTIONS)
+        if not all(t in self.kernel_types for t in qtypes):
+            return None
+        for (proj, _), t in zip(PROJECTIONS, qtypes):
+            k = layer.intermediate_size if proj == "down_proj" else layer.hidden_size
+            _check_whole_blocks(f"{prefix}.{proj}.weight", k, t)
+        return GGUFMoEMethod(qtypes, self.cpu_kernels)
 
     def describe(self) -> str:
         kept: dict[str, int] = {}
@@ -213,5 +233,12 @@ def gguf_block_names(model: nnx.Module) -> frozenset[str]:
     """The checkpoint names ``model`` takes in GGUF blocks (the loader yields those undecoded)."""
     from jaxlm.models.quantization.model_quant import quantizable_layers
 
-    return frozenset(f"{prefix}.weight" for prefix, layer in quantizable_layers(model)
-                     if isinstance(layer.quant_method, (GGUFLinearMethod, GGUFEmbeddingMethod)))
+    from jaxlm.models.quantization.gguf_moe import PROJECTIONS, GGUFMoEMethod
+
+    names = set()
+    for prefix, layer in quantizable_layers(model):
+        if isinstance(layer.quant_method, (GGUFLinearMethod, GGUFEmbeddingMethod)):
+            names.add(f"{prefix}.weight")
+        elif isinstance(layer.quant_method, GGUFMoEMethod):  # the stacked tensors' names (stacked_experts_key)
+            names.update(f"{prefix}.{proj}.weight" for proj, _ in PROJECTIONS)
+    return frozenset(names)
