@@ -40,6 +40,7 @@
 #include <vector>
 
 #include "xla/ffi/api/ffi.h"
+#include "thread_split.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define JAXLM_AVX2 1
@@ -192,38 +193,11 @@ void matmul_tile(const uint8_t* w, int64_t row_bytes, const QuantizedX& qx, int6
 #include "gguf_matmul_il.h"
 #include "gguf_matmul_f32.h"
 
-// Items [0, items) split over the caller and XLA's intra-op threads in chunks taken from a shared
-// counter (a pool thread that wakes late finds less, or nothing, to do instead of being waited
-// for). The state is shared-owned: a task that starts after the call returned touches only it.
-struct Split {
-  std::function<void(int64_t, int64_t)> fn;
-  int64_t items, chunk;
-  std::atomic<int64_t> next{0}, done{0};
-};
-
-void take_chunks(Split& sp) {
-  for (int64_t i; (i = sp.next.fetch_add(sp.chunk, std::memory_order_relaxed)) < sp.items;) {
-    const int64_t end = std::min(sp.items, i + sp.chunk);
-    sp.fn(i, end);
-    sp.done.fetch_add(end - i, std::memory_order_release);
-  }
-}
+// Below this much work (multiply-adds), handing part of it to a pool thread costs more than it saves.
+constexpr int64_t kWorkPerTask = 1 << 17;
 
 void parallel_for(ffi::ThreadPool& pool, int64_t items, int64_t work, std::function<void(int64_t, int64_t)> fn) {
-  constexpr int64_t kWorkPerTask = 1 << 17;  // below this, handing work to a pool thread costs more than it saves
-  const int64_t tasks = std::min<int64_t>(
-      {items, std::max<int64_t>(pool.num_threads(), 1), std::max<int64_t>(work / kWorkPerTask, 1)});
-  if (tasks <= 1) {
-    fn(0, items);
-    return;
-  }
-  auto sp = std::make_shared<Split>();
-  sp->fn = std::move(fn);
-  sp->items = items;
-  sp->chunk = std::max<int64_t>(1, items / (tasks * 4));
-  for (int64_t i = 1; i < tasks; ++i) pool.Schedule([sp] { take_chunks(*sp); });
-  take_chunks(*sp);
-  while (sp->done.load(std::memory_order_acquire) < items) std::this_thread::yield();
+  jaxlm_kernels::parallel_for(pool, items, work, kWorkPerTask, std::move(fn), /*stay=*/true);
 }
 
 #if defined(JAXLM_AVX2)

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "xla/ffi/api/ffi.h"
+#include "thread_split.h"
 
 #if defined(__SSE__)
 #include <immintrin.h>  // the MXCSR; the AVX2 and AVX-512 intrinsics where the target has them
@@ -240,26 +241,8 @@ void attend_items(const Args& a, int64_t begin, int64_t end) {
   }
 }
 
-// What the threads share: the caller and XLA's pool threads take chunks of work items (a token's
-// a.hb KV heads) from `next` until none is left, so a pool thread that wakes late finds less (or
-// nothing) to do instead of being waited for. Shared-owned: a task that starts after the call returned
-// touches only this, and takes nothing.
-struct Split {
-  Args a;
-  int64_t items, chunk;
-  std::atomic<int64_t> next{0}, done{0};
-};
-
-template <typename KV>
-void take_chunks(Split& sp) {
-  for (int64_t i; (i = sp.next.fetch_add(sp.chunk, std::memory_order_relaxed)) < sp.items;) {
-    const int64_t end = std::min(sp.items, i + sp.chunk);
-    attend_items<KV>(sp.a, i, end);
-    sp.done.fetch_add(end - i, std::memory_order_release);
-  }
-}
-
-// Splits the work items over XLA's intra-op threads when there is enough work to pay for the handoff.
+// Splits the work items over XLA's intra-op threads when there is enough work to pay for the handoff
+// (thread_split.h): chunks of a token's a.hb KV heads.
 template <typename KV>
 void attend_all(Args a, int64_t num_decode, ffi::ThreadPool& pool) {
   int64_t keys = 0;
@@ -267,19 +250,8 @@ void attend_all(Args a, int64_t num_decode, ffi::ThreadPool& pool) {
   a.hb = heads_per_item<KV>(a.s, num_decode, pool.num_threads());
   const int64_t items = num_decode * a.s.Hkv / a.hb, work = keys * a.s.Hkv * a.s.G * a.s.D;  // multiply-adds a pass
   constexpr int64_t kWorkPerTask = 1 << 16;
-  const int64_t tasks = std::min<int64_t>(
-      {items, std::max<int64_t>(pool.num_threads(), 1), std::max<int64_t>(work / kWorkPerTask, 1)});
-  if (tasks <= 1) {
-    attend_items<KV>(a, 0, items);
-    return;
-  }
-  auto sp = std::make_shared<Split>();
-  sp->a = a;
-  sp->items = items;
-  sp->chunk = std::max<int64_t>(1, items / (tasks * 8));
-  for (int64_t i = 1; i < tasks; ++i) pool.Schedule([sp] { take_chunks<KV>(*sp); });
-  take_chunks<KV>(*sp);
-  while (sp->done.load(std::memory_order_acquire) < items) std::this_thread::yield();
+  jaxlm_kernels::parallel_for(pool, items, work, kWorkPerTask,
+                              [a](int64_t i0, int64_t i1) { attend_items<KV>(a, i0, i1); }, /*stay=*/false, 8);
 }
 
 ffi::Error PagedDecodeImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuffer cache,
