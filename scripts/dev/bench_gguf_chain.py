@@ -27,6 +27,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--layers", type=int, default=30)
+    p.add_argument("--gap", type=int, default=0,
+                   help="values of dependent single-threaded XLA work between a layer's attention and MLP "
+                        "products (0: none), standing in for the step's other ops")
     args = p.parse_args()
 
     import gguf
@@ -48,10 +51,14 @@ def main() -> None:
     def token(x, layers, head):
         for q_w, k_w, v_w, o_w, g_w, u_w, d_w in layers:
             q, k, v = mm(x, q_w, Q4_1), mm(x, k_w, Q4_1), mm(x, v_w, Q4_1)
-            o = mm(q + jnp.pad(k + v, ((0, 0), (0, 384))), o_w, Q4_1)
+            a = q + jnp.pad(k + v, ((0, 0), (0, 384)))
+            if args.gap:
+                a = a + 1e-9 * jnp.sum(jnp.sin(filler + a[0, 0]))
+            o = mm(a, o_w, Q4_1)
             x = x + 1e-3 * mm(mm(o, g_w, Q4_1) * mm(o, u_w, Q4_1), d_w, Q4_1)
         return mm(x, head, Q8_0)
 
+    filler = jnp.asarray(rng.standard_normal(max(args.gap, 1)).astype(np.float32))
     f = jax.jit(token)
     x = jnp.asarray(rng.standard_normal((1, 576)).astype(np.float32))
     f(x, layers, head).block_until_ready()

@@ -5,6 +5,9 @@ blocks (``--quantization gguf``, the default for .gguf), jaxlm dequantized to fl
     python scripts/dev/bench_gguf_e2e.py [--model FILE.gguf] [--rounds 3] [--threads 2]
         [--variants gguf none llama.cpp] [--batch16] [--prefill 512]
 
+A variant may name another checkout, ``gguf@DIR`` (its jaxlm and kernels first on the path), to
+time a change against a baseline in the same rounds.
+
 One child process per variant loads the model once; every round asks each child in turn (the
 order rotating between rounds) for one measurement, so the machine's drift hits all alike:
   * decode tok/s, batch 1: a 128-token prompt, then 128 greedy tokens; the decode time is the
@@ -164,10 +167,13 @@ def main() -> None:
         return _child(args.child, args.model, args.threads, args.batch16)
     procs = {}
     for v in args.variants:  # one at a time: loads and compiles do not overlap
-        procs[v] = subprocess.Popen([sys.executable, __file__, "--child", v, "--model", args.model,
+        variant, _, tree = v.partition("@")
+        env = dict(os.environ)
+        if tree:  # another checkout's jaxlm (and kernels) first on the path
+            env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(tree), env.get("PYTHONPATH", "")])
+        procs[v] = subprocess.Popen([sys.executable, __file__, "--child", variant, "--model", args.model,
                                      "--threads", str(args.threads), *(["--batch16"] if args.batch16 else [])],
-                                    stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, text=True)
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         _read(procs[v])
     results: dict[str, list[dict]] = {v: [] for v in args.variants}
     for r in range(args.rounds):

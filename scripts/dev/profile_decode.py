@@ -23,6 +23,7 @@ import os
 import re
 import sys
 import tempfile
+import time
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, _ROOT)
@@ -60,7 +61,8 @@ def classify(op: str, instrs: dict[str, str], comps: dict[str, str], in_loop: se
     line = instrs.get(op, "")
     called = re.findall(r"calls=%?([\w.\-]+)", line)
     body = line + "\n" + "\n".join(comps.get(c, "") for c in called)
-    is_dot = " dot(" in body or "__onednn$matmul" in body or "xnn" in op or "ynn" in op or op.startswith("dot")
+    is_dot = (" dot(" in body or "__onednn$matmul" in body or "xnn" in op or "ynn" in op or op.startswith("dot")
+              or "jaxlm_gguf_matmul" in line)  # the C++ GGUF block product
     if program == "sampler":
         return "logits" if is_dot and str(vocab) in body else "sampler"
     if op in in_loop or "jaxlm_paged_decode" in body:  # the XLA loop, or the C++ kernel's custom call
@@ -117,6 +119,8 @@ def main() -> None:
     p.add_argument("--model", default=None, help="a checkpoint (default: the engine's default model)")
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--top", type=int, default=12, help="ops listed per program")
+    p.add_argument("--show-class", default=None, choices=CLASSES, help="list only this class's ops")
+    p.add_argument("--hlo", action="store_true", help="print each listed op's HLO line")
     a = p.parse_args()
     import jax
     import numpy as np
@@ -150,7 +154,7 @@ def main() -> None:
             for _ in range(a.reps):
                 step()
         own = self_times(d)
-    total_by_class = collections.Counter()
+    total_by_class, count_by_class = collections.Counter(), collections.Counter()
     for program, exe in (("body", body), ("sampler", sample)):
         hlo = exe.as_text()
         comps, instrs = _computations(hlo), _instructions(hlo)
@@ -159,18 +163,29 @@ def main() -> None:
         rows.sort(key=lambda r: -r[1])
         by_class = collections.Counter()
         for name, us in rows:
-            by_class[classify(name, instrs, comps, loop, vocab, program)] += us
+            c = classify(name, instrs, comps, loop, vocab, program)
+            by_class[c] += us
+            count_by_class[c] += 1
         total = sum(us for _, us in rows)
         total_by_class.update(by_class)
         print(f"\n{program}: {total:.0f} us per step in {len(rows)} ops; the largest:")
-        for name, us in rows[:a.top]:
+        shown = rows[:a.top] if not a.show_class else [r for r in rows if classify(
+            r[0], instrs, comps, loop, vocab, program) == a.show_class][:a.top]
+        for name, us in shown:
             print(f"  {us:8.1f} us  {100 * us / total:5.1f}%  {classify(name, instrs, comps, loop, vocab, program):<9} {name}")
+            if a.hlo:
+                print("      " + instrs.get(name, "")[:300])
     grand = sum(total_by_class.values())
     print(f"\nthe decode step by class ({grand:.0f} us of XLA ops per step, {a.reps} steps replayed):")
-    print("| class | us per step | share |\n|---|---|---|")
+    print("| class | us per step | share | ops |\n|---|---|---|---|")
     for c in CLASSES:
         if total_by_class.get(c):
-            print(f"| {c} | {total_by_class[c]:.0f} | {100 * total_by_class[c] / grand:.1f}% |")
+            print(f"| {c} | {total_by_class[c]:.0f} | {100 * total_by_class[c] / grand:.1f}% | {count_by_class[c]} |")
+    t0 = time.perf_counter()
+    for _ in range(a.reps):
+        step()
+    wall = (time.perf_counter() - t0) / a.reps * 1e6
+    print(f"\nwall time per step without the profiler: {wall:.0f} us (ops' own time under it: {grand:.0f} us)")
 
 
 if __name__ == "__main__":
