@@ -23,7 +23,8 @@ and down each of their own block type) passes a Dequant per product (gate/up's, 
 
 A format with its own kernel for one expert's product (GGUF's C++ block matmul) passes
 ``TileProducts`` too: the tile loop then calls them on each tile's rows and expert arrays instead
-of dequantizing (ragged_dot, elsewhere, still dequantizes).
+of dequantizing; ``RaggedProducts`` do the same for ragged_dot (fp8 experts: the fp8 grouped dot
+on CUDA).
 """
 
 from __future__ import annotations
@@ -44,6 +45,11 @@ Dequants = Union[Dequant, tuple[Dequant, Dequant]]
 TileProduct = Callable[[jax.Array, tuple[jax.Array, ...]], jax.Array]
 
 
+# x [M, K] sorted by expert, one product's stored arrays (each led by the local-expert dim), the
+# local group sizes [El] and each row's local expert [M] -> the grouped product [M, N] in x's dtype.
+RaggedProduct = Callable[[jax.Array, tuple[jax.Array, ...], jax.Array, jax.Array], jax.Array]
+
+
 class TileProducts(NamedTuple):
     """A format's own products of one tile (gate/up: [R, H] -> [R, 2I], gate then up; down:
     [R, I] -> [R, H]), for the tile loop."""
@@ -60,6 +66,28 @@ def float_weight(parts: tuple[jax.Array, ...], dtype: Any) -> tuple[jax.Array, N
 
 def _sides(dequant: Dequants) -> tuple[Dequant, Dequant]:
     return dequant if isinstance(dequant, tuple) else (dequant, dequant)
+
+
+class RaggedProducts(NamedTuple):
+    """A format's own grouped products for ``ragged_dot`` (gate/up, down): fp8 experts' fp8 dot on
+    CUDA."""
+
+    gate_up: RaggedProduct
+    down: RaggedProduct
+
+
+def dequant_ragged(dequant: Dequant) -> RaggedProduct:
+    """The grouped product of formats without their own: every local expert dequantized
+    (``jax.vmap``), one ragged_dot, the per-column scale (if any) on the float32 result."""
+
+    def grouped(x, parts, sizes, row_expert):
+        w, scale = jax.vmap(lambda *p: dequant(p, x.dtype))(*parts)
+        if scale is None:
+            return lax.ragged_dot(x, w, sizes)
+        y = lax.ragged_dot(x, w, sizes, preferred_element_type=jnp.float32)
+        return (y * scale.astype(jnp.float32)[row_expert]).astype(x.dtype)
+
+    return grouped
 
 
 def dequant_products(dequant: Dequants) -> TileProducts:
@@ -123,9 +151,10 @@ def _gated(act: Callable[[jax.Array], jax.Array], gate_up: jax.Array) -> jax.Arr
 
 def grouped_mlp_ragged(xs: jax.Array, es: jax.Array, w_gate_up: ExpertArrays, w_down: ExpertArrays,
                        expert_start: jax.Array, act: Callable[[jax.Array], jax.Array],
-                       dequant: Dequants = float_weight) -> jax.Array:
-    """Each sorted row through its expert's gated MLP with ``ragged_dot``; rows of experts not
-    held here ([expert_start, expert_start + El) are) give zeros.
+                       dequant: Dequants = float_weight, ragged: RaggedProducts | None = None) -> jax.Array:
+    """Each sorted row through its expert's gated MLP with ``ragged_dot`` (or ``ragged``'s
+    products, which replace ``dequant`` here); rows of experts not held here ([expert_start,
+    expert_start + El) are) give zeros.
 
     xs [M, H] sorted by expert, es [M] their (global) expert ids, w_gate_up [El, H, 2, I],
     w_down [El, I, H] (or each a tuple of stored arrays that ``dequant`` turns into them)."""
@@ -139,16 +168,9 @@ def grouped_mlp_ragged(xs: jax.Array, es: jax.Array, w_gate_up: ExpertArrays, w_
     x = xs[idx]
     row_expert = jnp.clip(es[idx] - expert_start, 0, El - 1)
 
-    def grouped(x, parts, dequant):
-        w, scale = jax.vmap(lambda *p: dequant(p, x.dtype))(*parts)
-        if scale is None:
-            return lax.ragged_dot(x, w, sizes)
-        y = lax.ragged_dot(x, w, sizes, preferred_element_type=jnp.float32)
-        return (y * scale.astype(jnp.float32)[row_expert]).astype(x.dtype)
-
-    dq_gate_up, dq_down = _sides(dequant)
-    h = grouped(x, gate_up, dq_gate_up)
-    y = grouped(_gated(act, h.reshape(M, 2, -1)), down, dq_down)
+    prod = ragged or RaggedProducts(*map(dequant_ragged, _sides(dequant)))
+    h = prod.gate_up(x, gate_up, sizes, row_expert)
+    y = prod.down(_gated(act, h.reshape(M, 2, -1)), down, sizes, row_expert)
     y = jnp.where((jnp.arange(M) < jnp.sum(sizes))[:, None], y, 0)
     return jnp.zeros_like(y).at[idx].set(y, unique_indices=True)
 
@@ -196,10 +218,11 @@ def grouped_mlp_tiled(xs: jax.Array, es: jax.Array, w_gate_up: ExpertArrays, w_d
 
 def grouped_mlp(xs: jax.Array, es: jax.Array, w_gate_up: ExpertArrays, w_down: ExpertArrays,
                 expert_start: jax.Array, act: Callable[[jax.Array], jax.Array],
-                dequant: Dequants = float_weight, products: TileProducts | None = None) -> jax.Array:
+                dequant: Dequants = float_weight, products: TileProducts | None = None,
+                ragged: RaggedProducts | None = None) -> jax.Array:
     """The grouped expert MLP, lowered per platform: tiles on CPU (through ``products`` when
-    given), ``ragged_dot`` elsewhere."""
+    given), ``ragged_dot`` elsewhere (through ``ragged`` when given)."""
     return lax.platform_dependent(
         xs, es, _parts(w_gate_up), _parts(w_down), expert_start,
         cpu=lambda *a: grouped_mlp_tiled(*a, act, dequant=dequant, products=products),
-        default=lambda *a: grouped_mlp_ragged(*a, act, dequant=dequant))
+        default=lambda *a: grouped_mlp_ragged(*a, act, dequant=dequant, ragged=ragged))

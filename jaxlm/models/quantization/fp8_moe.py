@@ -16,7 +16,8 @@ I] and ``down_proj`` [S, I, H], with float32 scales per (expert, output column):
 The scales shard with their columns: gate/up's split like I under tensor parallel, down's whole
 (its output is the hidden size); all by expert under expert parallel. The product (``apply``)
 converts each expert's e4m3 weight to the activations' dtype inside the grouped product and
-scales the output columns (``moe_ops``), on every platform (no fp8 grouped dot yet).
+scales the output columns (``moe_ops``), except on CUDA, where ragged_dot takes e4m3 operands
+(``fp8_grouped_dot``: the activations quantized per tensor, as the fp8 Linear does on CUDA).
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax import lax
 
-from jaxlm.models.moe_ops import grouped_mlp
+from jaxlm.models.moe_ops import RaggedProducts, dequant_ragged, grouped_mlp
 from jaxlm.models.quantization.base_config import FusedMoEMethodBase
-from jaxlm.models.quantization.fp8_utils import FP8_DTYPE, FP8_MAX, TINY
+from jaxlm.models.quantization.fp8_utils import FP8_DTYPE, FP8_MAX, TINY, quantize_activations
 from jaxlm.models.quantization.params import replace_params, zeros_param
 from jaxlm.models.quantization.unquantized import (
     ExpertTensor, UnquantizedFusedMoEMethod, expert_specs, stacked_expert_targets, transposed)
@@ -55,6 +57,26 @@ def fp8_expert_weight(parts: tuple[jax.Array, ...], dtype: Any) -> tuple[jax.Arr
     """moe_ops' Dequant: one expert's e4m3 weight in ``dtype`` (exact) and its column scales."""
     w, scale = parts
     return w.reshape(w.shape[0], -1).astype(dtype), scale.reshape(-1)
+
+
+def fp8_grouped_dot(x: jax.Array, parts: tuple[jax.Array, ...], sizes: jax.Array, row_expert: jax.Array) -> jax.Array:
+    """moe_ops' RaggedProduct on CUDA: x quantized to e4m3 with its own per-tensor amax (as the
+    fp8 Linear's dynamic scheme), one ragged_dot of e4m3 operands accumulating in float32
+    (Hopper's fp8 tensor cores), x's scale and each row's expert column scales on the output."""
+    w, scale = parts
+    w = w.reshape(*w.shape[:2], -1)
+    x8, x_scale = quantize_activations(x)
+    y = lax.ragged_dot(x8, w, sizes, preferred_element_type=jnp.float32)
+    return (y * (x_scale * scale.reshape(scale.shape[0], -1).astype(jnp.float32)[row_expert])).astype(x.dtype)
+
+
+def _fp8_ragged(x: jax.Array, parts: tuple[jax.Array, ...], sizes: jax.Array, row_expert: jax.Array) -> jax.Array:
+    """The fp8 grouped dot on CUDA; elsewhere (no fp8 units, or TPU) the experts dequantized."""
+    return lax.platform_dependent(x, parts, sizes, row_expert, cuda=fp8_grouped_dot,
+                                  default=dequant_ragged(fp8_expert_weight))
+
+
+FP8_RAGGED = RaggedProducts(_fp8_ragged, _fp8_ragged)
 
 
 def _full(n: int):
@@ -133,4 +155,4 @@ class Fp8MoEMethod(FusedMoEMethodBase):
               first_expert: jax.Array, act: Any) -> jax.Array:
         w_gate_up, s_gate_up, w_down, s_down = weights
         return grouped_mlp(xs, expert_ids, (w_gate_up, s_gate_up), (w_down, s_down), first_expert, act,
-                           dequant=fp8_expert_weight)
+                           dequant=fp8_expert_weight, ragged=FP8_RAGGED)

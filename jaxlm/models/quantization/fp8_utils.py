@@ -31,14 +31,19 @@ def fp8_matmul(x: jax.Array, w: jax.Array, scale: jax.Array, input_scale: jax.Ar
     """x @ (w * scale) as XLA's fp8 dot (Hopper's fp8 tensor cores): x quantized to e4m3 with
     ``input_scale`` (static, from the checkpoint) or its own per-tensor amax (dynamic), both
     operands e4m3, float32 accumulation, both scales on the output."""
+    x8, x_scale = quantize_activations(x, input_scale)
+    y = jax.lax.dot_general(x8, w, (((x.ndim - 1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+    return (y * (x_scale * scale.astype(jnp.float32))).astype(x.dtype)
+
+
+def quantize_activations(x: jax.Array, input_scale: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+    """x -> (e4m3 x / x_scale, x_scale): ``input_scale`` (static) or x's own per-tensor amax (dynamic)."""
     xf = x.astype(jnp.float32)
     if input_scale is None:
         x_scale = jnp.maximum(jnp.max(jnp.abs(xf)), TINY) / FP8_MAX
     else:
         x_scale = input_scale.astype(jnp.float32).reshape(())
-    x8 = jnp.clip(xf / x_scale, -FP8_MAX, FP8_MAX).astype(FP8_DTYPE)
-    y = jax.lax.dot_general(x8, w, (((x.ndim - 1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
-    return (y * (x_scale * scale.astype(jnp.float32))).astype(x.dtype)
+    return jnp.clip(xf / x_scale, -FP8_MAX, FP8_MAX).astype(FP8_DTYPE), x_scale
 
 
 def fp8_linear(x: jax.Array, w: jax.Array, scale: jax.Array, input_scale: jax.Array | None = None) -> jax.Array:
