@@ -16,7 +16,6 @@
 // for one row in one thread (SmolLM2's shapes, docs/PERF_NOTES.md, session 13). Rows of x take
 // their turns against a group's block while it sits in L1, up to kIlRows at a time.
 
-constexpr int64_t kIL = 16;  // weight rows interleaved per group
 constexpr int kIlRows = 4;   // rows of x per pass over a group's block
 
 template <int T>
