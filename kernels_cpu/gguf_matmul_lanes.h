@@ -152,9 +152,9 @@ void pack_lanes(const QuantizedX& qx, int64_t M, int64_t K, int L, int32_t bias,
   }
 }
 
-// res [kLaneCols][L]: kLaneCols weight rows unpacked by kil_unpack (u: chunk k4 of block b at
-// (8 b + k4) * 64, each row's 4 bytes at 4 c; dw [block][halves][kIL], mw [block][kIL]; all from
-// the pass's first row) against one group of L rows of x.
+// res [kLaneCols][L]: a pass of kLaneCols weight rows unpacked by kil_unpack (u: chunk k4 of
+// block b at (8 b + k4) * 4 kLaneCols, row c's 4 bytes at 4 c; dw [block][halves][kIL], mw
+// [block][kIL], from the pass's first row) against one group of L rows of x.
 template <int T, class V>
 void lanes_dot(const uint8_t* u, const float* dw, const float* mw, int64_t K, const int8_t* xq, const float* xd,
                const float* xds, const int32_t* xinit, float* res) {
@@ -164,7 +164,7 @@ void lanes_dot(const uint8_t* u, const float* dw, const float* mw, int64_t K, co
   for (int c = 0; c < kLaneCols; ++c) facc[c] = V::zerof();
   for (int64_t b = 0; b < nb; ++b) {
     const int8_t* xb = xq + b * kQK * L;
-    const uint8_t* ub = u + b * 8 * 64;
+    const uint8_t* ub = u + b * 8 * 4 * kLaneCols;
     // Unrolled: GCC otherwise left Q6_K's halves as loops (k4 bounds not constant, x spilled).
 #pragma GCC unroll 2
     for (int h = 0; h < H; ++h) {
@@ -175,7 +175,7 @@ void lanes_dot(const uint8_t* u, const float* dw, const float* mw, int64_t K, co
       for (int k4 = h * steps; k4 < (h + 1) * steps; ++k4) {
         const typename V::I xv = V::load(xb + k4 * 4 * L);
         for (int c = 0; c < kLaneCols; ++c) {
-          iacc[c] = V::dot(iacc[c], V::bcast(ub + 64 * k4 + 4 * c), xv);
+          iacc[c] = V::dot(iacc[c], V::bcast(ub + 4 * kLaneCols * k4 + 4 * c), xv);
         }
       }
       const typename V::F dx = V::loadf(xd + b * L);

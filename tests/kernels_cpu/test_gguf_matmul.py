@@ -231,7 +231,8 @@ def _cpu_flags() -> set[str]:
 @pytest.mark.parametrize("march", ["x86-64", "haswell"])
 def test_other_builds_match_reference(tmp_path, march):
     """The kernel built for another CPU than this one, in a fresh process (a process registers
-    one library per target): 1, 3, 5 and 16 rows (for the K-quants a group of 8 lanes and two)."""
+    one library per target): 1, 3, 5 and 16 rows (passes of 4 rows of x and their remainders) and
+    33 (the K-quants' lanes path: 4 groups of 8 rows and a padded one, 4 weight rows a pass)."""
     import platform
 
     if platform.machine() not in ("x86_64", "AMD64"):
@@ -247,8 +248,9 @@ build._COMPILE = [f if f != "-march=native" else "-march={march}" for f in build
 build.load_cpu_kernels({str(tmp_path)!r})
 rng = np.random.default_rng(0)
 for qtype in (2, 3, 8, 12, 13, 14):
-    for m in (1, 3, 5, 16):
+    for m in (1, 3, 5, 16, 33):
         x, w = t._case(rng, qtype, m, 19, 512 if qtype in t.K_TYPES else 96)
+        x = t._off_ties(x)
         wk = jnp.asarray(t.to_kernel_layout(w, qtype))
         for rows, quantize_x in ((0, True), (1, False)):  # the int8 path, the f32 path
             out = np.asarray(gguf_matmul_cpu(jnp.asarray(x), wk, qtype, n=19, f32_min_rows=rows))
