@@ -10,9 +10,9 @@
 // per weight row for all L rows. A group of 16 weight rows is unpacked once from the kernel
 // layout (gguf_matmul_kil.h: kil_unpack; nibbles to bytes, scales to float, each 64-byte chunk
 // keeping its 4 bytes of each row in turn, which is what the broadcasts read) and reused by every
-// group of L rows. From 32 rows this measured 1.0-1.3x the weight-rows-in-lanes kernel, which
-// unpacks the weights again for every 4 rows of x (below 16 rows 1.1-1.6x slower than it;
-// docs/PERF_NOTES.md, session 14).
+// group of L rows. From 32 rows this measured 0.95-1.35x the speed of the weight-rows-in-lanes
+// kernel, which unpacks the weights again for every 4 rows of x (at 8 rows 1.3-1.6x slower than
+// it; docs/PERF_NOTES.md, session 14).
 // Q6_K: a block of x is two sub-blocks of 16 with their own int8 scales, so a block is two
 // integer sums of 4 steps each (halves), each with its d * scale and its start -32 sum(q_x of the
 // half); its q is kept unsigned (0 .. 63, so maddubs' pair sums, <= 2 * 63 * 127, cannot saturate).
