@@ -27,7 +27,7 @@ _SOURCES = tuple(os.path.join(_HERE, name) for name in ("paged_decode.cc", "gguf
 # Included by the sources: hashed with them, so a change rebuilds.
 _HEADERS = tuple(os.path.join(_HERE, name) for name in (
     "paged_decode_fp8.h", "paged_decode_fp8_avx2.h", "paged_decode_fp8_avx512.h", "gguf_kquants.h",
-    "gguf_matmul_lanes.h", "gguf_matmul_il.h", "gguf_matmul_f32.h", "thread_split.h"))
+    "gguf_matmul_lanes.h", "gguf_matmul_il.h", "gguf_matmul_kil.h", "gguf_matmul_f32.h", "thread_split.h"))
 # (XLA custom-call target, symbol the sources export)
 TARGETS = (("jaxlm_paged_decode", "JaxlmPagedDecode"), ("jaxlm_gguf_matmul", "JaxlmGgufMatmul"))
 # -ffast-math for the compile only (vectorized expf, reassociated sums): linked with it, GCC adds

@@ -1,6 +1,7 @@
 // gguf_matmul.cc's K-quants (super-blocks of 256 values): a part of that file, included once
-// inside its anonymous namespace, after the helpers it uses (kQK, QuantizedX, f16_to_f32 and,
-// with AVX2, dot_u8_i8 and hsum). kernels_cpu/build.py hashes it with the sources.
+// inside its anonymous namespace, after the helpers it uses (kQK, QuantizedX, f16_to_f32).
+// kernels_cpu/build.py hashes it with the sources. The vector kernels read the kernel layout
+// (rows interleaved by 16, gguf_matmul_kil.h); what is here reads the file's blocks.
 //
 // llama.cpp's byte layouts, w for each value:
 //   Q4_K (type 12, 144 bytes): f16 d, f16 dmin, uint8 scales[12], uint8 qs[128]. 8 sub-blocks
@@ -16,9 +17,8 @@
 // x keeps its rounding to int8 per block of 32 (as for the 32-value types: one rounding of x per
 // call serves every type, and a scale per 32 values is closer to x than llama.cpp's Q8_K scale
 // per 256). A block of x is one Q4_K/Q5_K sub-block, so its product is one integer dot product
-// times d * sc * d_x (less dmin * m * d_x * sum(q_x)); it is two Q6_K sub-blocks, whose halves
-// land in separate 32-bit lanes of the row path's dot product and take their own scale (the lanes
-// path, gguf_matmul_lanes.h, takes them as two integer sums of 16 values instead).
+// times d * sc * d_x (less dmin * m * d_x * sum(q_x)); it is two Q6_K sub-blocks of 16, two
+// integer sums with their own scales.
 
 constexpr int kQK_K = 256;  // values per K-quant super-block
 
@@ -121,45 +121,16 @@ void dequantize_row_k(const uint8_t* wrow, int64_t nsb, float* out) {
   }
 }
 
-#if defined(JAXLM_AVX2)
-// Sub-block j's 32 q as bytes (j < 8: Q4_K/Q5_K's sub-block, Q6_K's two of 16), Q4_K/Q5_K's
-// unsigned, Q6_K's signed (q - 32).
+// Row m of x against weight row wrow of nsb super-blocks (the file's layout), in plain C++: the
+// generic build's K-quant product (gguf_matmul_kil.h: kil_groups).
 template <int T>
-inline __m256i kquant_bytes(const typename KBlock<T>::type& blk, int j) {
-  const __m256i m4 = _mm256_set1_epi8(0x0f);
-  auto load = [](const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); };
-  if constexpr (T == kQ6_K) {
-    const int h = j >> 2, t = j & 3;
-    const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(load(blk.ql + 64 * h + 32 * (t & 1)), 4 * (t >> 1)), m4);
-    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(load(blk.qh + 32 * h), 2 * t), _mm256_set1_epi8(3));
-    return _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), _mm256_set1_epi8(32));
-  } else {
-    __m256i v = _mm256_and_si256(_mm256_srli_epi16(load(blk.qs + 32 * (j >> 1)), 4 * (j & 1)), m4);
-    if constexpr (T == kQ5_K) {
-      const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(load(blk.qh), j), _mm256_set1_epi8(1));
-      v = _mm256_or_si256(v, _mm256_slli_epi16(hb, 4));
-    }
-    return v;
-  }
-}
-#endif
-
-// out[m, n] for rows m0 .. m0 + R of x against weight row n of nsb super-blocks (R <= kRowsM);
-// the K-quants' row path (gguf_matmul.cc's matmul_tile).
-template <int T, int R>
-void dot_row_k(const uint8_t* wrow, int64_t nsb, const QuantizedX& qx, int64_t m0, int64_t K, float* out,
-               int64_t N, int64_t n) {
+float dot_row_k(const uint8_t* wrow, int64_t nsb, const QuantizedX& qx, int64_t m, int64_t K) {
   using B = typename KBlock<T>::type;
-  const XRows<R> x(qx, m0, K);
-  float off[R] = {};  // the mins' terms on sum(q_x), per row
+  const int8_t* xq = qx.q.data() + m * K;
+  const float *xd = qx.d.data() + m * (K / kQK), *xds = qx.ds.data() + m * (K / kQK);
+  float acc = 0.0f, off = 0.0f;  // off: the mins' terms on sum(q_x)
   float dsc[16], dmn[8];
-#if defined(JAXLM_AVX2)
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-#else
-  float acc[R] = {};
   int q[kQK_K];
-#endif
   for (int64_t s = 0; s < nsb; ++s) {
     const B& blk = reinterpret_cast<const B*>(wrow)[s];
     const int64_t b0 = s * (kQK_K / kQK);  // x's block under sub-block 0
@@ -167,49 +138,18 @@ void dot_row_k(const uint8_t* wrow, int64_t nsb, const QuantizedX& qx, int64_t m
       scales6(blk, dsc);
     } else {
       scales_mins(blk, dsc, dmn);
-      for (int r = 0; r < R; ++r)
-        for (int j = 0; j < 8; ++j) off[r] -= dmn[j] * x.ds[r][b0 + j];
+      for (int j = 0; j < 8; ++j) off -= dmn[j] * xds[b0 + j];
     }
-#if defined(JAXLM_AVX2)
-    for (int j = 0; j < 8; ++j) {
-      const __m256i wv = kquant_bytes<T>(blk, j);
-      if constexpr (T == kQ6_K) {
-        // Signed q: |q| against x with q's sign; lanes 0-3 are values 0-15, lanes 4-7 16-31.
-        const __m256i wu = _mm256_sign_epi8(wv, wv);
-        const __m256 sv = _mm256_set_m128(_mm_set1_ps(dsc[2 * j + 1]), _mm_set1_ps(dsc[2 * j]));
-        for (int r = 0; r < R; ++r) {
-          const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q[r] + (b0 + j) * kQK));
-          const __m256 p = _mm256_cvtepi32_ps(dot_u8_i8(wu, _mm256_sign_epi8(xv, wv)));
-          acc[r] = _mm256_fmadd_ps(p, _mm256_mul_ps(sv, _mm256_set1_ps(x.d[r][b0 + j])), acc[r]);
-        }
-      } else {
-        for (int r = 0; r < R; ++r) {
-          const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.q[r] + (b0 + j) * kQK));
-          const __m256 p = _mm256_cvtepi32_ps(dot_u8_i8(wv, xv));
-          acc[r] = _mm256_fmadd_ps(p, _mm256_set1_ps(dsc[j] * x.d[r][b0 + j]), acc[r]);
-        }
-      }
-    }
-#else
     unpack_k<T>(blk, q);
     for (int j = 0; j < 8; ++j) {
       const int* qj = q + 32 * j;
-      for (int r = 0; r < R; ++r) {
-        const int8_t* xb = x.q[r] + (b0 + j) * kQK;
-        int s0 = 0, s1 = 0;
-        for (int l = 0; l < 16; ++l) s0 += qj[l] * xb[l];
-        for (int l = 16; l < 32; ++l) s1 += qj[l] * xb[l];
-        const float sum = T == kQ6_K ? float(s0) * dsc[2 * j] + float(s1) * dsc[2 * j + 1] : float(s0 + s1) * dsc[j];
-        acc[r] += sum * x.d[r][b0 + j];
-      }
+      const int8_t* xb = xq + (b0 + j) * kQK;
+      int s0 = 0, s1 = 0;
+      for (int l = 0; l < 16; ++l) s0 += qj[l] * xb[l];
+      for (int l = 16; l < 32; ++l) s1 += qj[l] * xb[l];
+      const float sum = T == kQ6_K ? float(s0) * dsc[2 * j] + float(s1) * dsc[2 * j + 1] : float(s0 + s1) * dsc[j];
+      acc += sum * xd[b0 + j];
     }
-#endif
   }
-  for (int r = 0; r < R; ++r) {
-#if defined(JAXLM_AVX2)
-    out[(m0 + r) * N + n] = hsum(acc[r]) + off[r];
-#else
-    out[(m0 + r) * N + n] = acc[r] + off[r];
-#endif
-  }
+  return acc + off;
 }

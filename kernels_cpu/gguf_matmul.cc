@@ -12,18 +12,18 @@
 // (+ m d_x sum(qx) for Q4_1, - 8 d_w d_x sum(qx) for Q4_0). The integer dots use AVX-VNNI /
 // AVX512-VNNI (dpbusd) or AVX2 (maddubs + madd) when -march=native has them, else plain C++.
 //
-// W reaches the kernel in its kernel layout (gguf_matmul.py: to_kernel_layout): the K-quants as the
-// file has them, [N, row bytes]; Q4_0, Q4_1 and Q8_0 with their rows interleaved 16 at a time,
-// [ceil(N / 16), 16 * row bytes] (the same bytes, Q8_0's q stored as q + 128; gguf_matmul_il.h).
-// Paths; the threads take groups or tiles of 16 weight rows in each.
-//  * Q4_0 / Q4_1 / Q8_0 below f32_min_rows (decode, batched decode, prefill: the model passes
-//    f32_min_rows 0; gguf_matmul_il.h): weight rows in vector lanes, 4 int8 of x broadcast
-//    against 4 bytes of 16 weight rows, one dpbusd advancing all 16 rows' dot products; up to 4
-//    rows of x take turns against a group's block while it is in L1.
-//  * K-quants, fewer than kLanesMinRows (4) rows (matmul_tile below): a row of x at a time.
-//  * K-quants from kLanesMinRows rows (gguf_matmul_lanes.h): rows of x in vector lanes, 8 or 16
-//    a vector, a weight row's 4 bytes broadcast against them (Q6_K: two sums a block, one per
-//    sub-block of 16). The generic build takes the row path for these too.
+// W reaches the kernel in its kernel layout (gguf_matmul.py: to_kernel_layout): its rows
+// interleaved 16 at a time, [ceil(N / 16), 16 * kernel row bytes] (the file's bytes but for Q8_0's
+// q stored as q + 128 and Q4_K / Q5_K's 6-bit scales and mins unpacked to a byte each;
+// gguf_matmul_il.h, gguf_matmul_kil.h). Paths; the threads take groups of 16 weight rows in each.
+//  * Below f32_min_rows (decode, batched decode, prefill: the model passes f32_min_rows 0), the
+//    32-value types at any count, the K-quants below kKilLanesFrom (32) rows: weight rows in
+//    vector lanes, 4 int8 of x broadcast against 4 bytes of 16 weight rows, one dpbusd advancing
+//    all 16 rows' dot products; up to 4 rows of x take turns against a group's block while it is
+//    in L1 (gguf_matmul_il.h, gguf_matmul_kil.h).
+//  * K-quants from kKilLanesFrom rows (gguf_matmul_lanes.h): a group of 16 weight rows unpacked
+//    once, then rows of x in vector lanes, 8 or 16 a vector, a weight row's 4 bytes broadcast
+//    against them. The generic build takes the first path for these too.
 //  * M >= f32_min_rows: each tile is dequantized once to f32 and reused across every row of x
 //    in a register-blocked f32 product (x as given, not rounded; gguf_matmul_f32.h). The model
 //    does not use it (XLA's dot measured faster).
@@ -37,6 +37,7 @@
 #include <memory>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "xla/ffi/api/ffi.h"
@@ -53,7 +54,6 @@ namespace {
 
 constexpr int kQK = 32;  // values per block of Q8_0 / Q4_0 / Q4_1, and of x's int8 rounding
 constexpr int64_t kTileN = 16;
-constexpr int kRowsM = 4;  // rows of x per pass over a weight row
 
 enum QType : int32_t { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8 };
 
@@ -100,10 +100,12 @@ inline float f16_to_f32(uint16_t h) {
 #endif
 }
 
-// x quantized to int8 per block: q [M, K], d and d * sum(q) [M, K / 32].
+// x quantized to int8 per block: q [M, K], d and d * sum(q) [M, K / 32], and sum(q) per 16
+// values [M, K / 16] (Q6_K's sub-blocks).
 struct QuantizedX {
   std::vector<int8_t> q;
   std::vector<float> d, ds;
+  std::vector<int32_t> hs;
 };
 
 // Rows m0 .. m0 + R of x: their int8 values, scales and d * sum(q) per block.
@@ -126,44 +128,19 @@ void quantize_rows(const float* x, int64_t K, int64_t m0, int64_t m1, QuantizedX
       float amax = 0.0f;
       for (int j = 0; j < kQK; ++j) amax = std::max(amax, std::fabs(xb[j]));
       const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-      int sum = 0;
+      int sum = 0, half = 0;
       for (int j = 0; j < kQK; ++j) {
         const int v = int(std::nearbyint(xb[j] * id));
         qb[j] = int8_t(v);
         sum += v;
       }
+      for (int j = 0; j < kQK / 2; ++j) half += qb[j];  // its own loop: the one above stays vectorized
       qx.d[m * nb + b] = d;
       qx.ds[m * nb + b] = d * float(sum);
+      qx.hs[(m * nb + b) * 2] = half, qx.hs[(m * nb + b) * 2 + 1] = sum - half;
     }
   }
 }
-
-#if defined(JAXLM_AVX2)
-// 8 partial sums (int32) of u[i] * s[i] over 32 pairs: u unsigned bytes (< 128 or the Q8_0 form
-// below), s signed bytes.
-inline __m256i dot_u8_i8(__m256i u, __m256i s) {
-#if defined(__AVXVNNI__)
-  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
-#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
-#else
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
-#endif
-}
-
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-inline __m256i nibbles(const uint8_t* qs) {
-  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
-  return _mm256_and_si256(both, _mm256_set1_epi8(0x0f));
-}
-#endif
 
 #include "gguf_kquants.h"
 
@@ -177,21 +154,17 @@ constexpr int64_t block_bytes() {
   return 0;
 }
 
-// The K-quants a row of x at a time (gguf_kquants.h's dot_row_k): fewer than kLanesMinRows rows,
-// Q6_K at any count, and every K-quant product of the generic build.
-template <int T>
-void matmul_tile(const uint8_t* w, int64_t row_bytes, const QuantizedX& qx, int64_t M, int64_t K, int64_t N,
-                 int64_t n0, int64_t n1, float* out) {
-  int64_t m = 0;
-  for (; m + kRowsM <= M; m += kRowsM)
-    for (int64_t n = n0; n < n1; ++n) dot_row_k<T, kRowsM>(w + n * row_bytes, K / kQK_K, qx, m, K, out, N, n);
-  for (; m < M; ++m)
-    for (int64_t n = n0; n < n1; ++n) dot_row_k<T, 1>(w + n * row_bytes, K / kQK_K, qx, m, K, out, N, n);
-}
-
 #include "gguf_matmul_lanes.h"
 #include "gguf_matmul_il.h"
+#include "gguf_matmul_kil.h"
 #include "gguf_matmul_f32.h"
+
+// Bytes of one block (super-block) of a group of 16 rows in the kernel layout.
+template <int T>
+constexpr int64_t group_block_bytes() {
+  if constexpr (is_kquant(T)) return kil_block_bytes<T>();
+  return il_block_bytes<T>();
+}
 
 // Below this much work (multiply-adds), handing part of it to a pool thread costs more than it saves.
 constexpr int64_t kWorkPerTask = 1 << 17;
@@ -201,19 +174,20 @@ void parallel_for(ffi::ThreadPool& pool, int64_t items, int64_t work, std::funct
 }
 
 #if defined(JAXLM_AVX2)
-// From this many rows of x the lanes path (gguf_matmul_lanes.h) beats a row at a time.
-constexpr int64_t kLanesMinRows = 4;
+// From this many rows of x a K-quant product takes the lanes path (gguf_matmul_lanes.h): below,
+// the weight-rows-in-lanes kernel (gguf_matmul_kil.h) measured faster (docs/PERF_NOTES.md, session 14).
+constexpr int64_t kKilLanesFrom = 32;
 
 template <int T, class V>
-void lanes_all(ffi::ThreadPool& pool, const uint8_t* w, int64_t row_bytes, const QuantizedX& qx, int64_t M,
-               int64_t K, int64_t N, float* out) {
+void kil_lanes_all(ffi::ThreadPool& pool, const uint8_t* w, const QuantizedX& qx, int64_t M, int64_t K, int64_t N,
+                   float* out) {
   LaneX lx;
   size_lanes(M, K, V::L, halves<T>(), lx);
   parallel_for(pool, lx.groups, M * K * 8, [&](int64_t g0, int64_t g1) {
     pack_lanes(qx, M, K, V::L, int_bias<T, V>(), g0, g1, lx);
   });
-  parallel_for(pool, (N + kTileN - 1) / kTileN, M * N * K, [&](int64_t t0, int64_t t1) {
-    lanes_tile<T, V>(w, row_bytes, lx, M, K, N, t0 * kTileN, std::min(N, t1 * kTileN), out);
+  parallel_for(pool, (N + kIL - 1) / kIL, M * N * K, [&](int64_t g0, int64_t g1) {
+    kil_lanes_groups<T, V>(w, lx, M, K, N, g0, g1, out);
   });
 }
 #endif
@@ -242,9 +216,9 @@ bool with_type(int32_t qtype, F&& f) {
 ffi::Error GgufMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
                           ffi::Result<ffi::Buffer<ffi::F32>> out, int32_t qtype, int32_t f32_min_rows) {
   auto xd = x.dimensions(), wd = w.dimensions(), od = out->dimensions();
-  int64_t bb = 0, qk = 0;  // bytes and values per block
+  int64_t gb = 0, qk = 0;  // bytes per block of a group of 16 rows in the kernel layout, values per block
   const bool known = with_type(qtype, [&](auto t) {
-    bb = block_bytes<decltype(t)::value>();
+    gb = group_block_bytes<decltype(t)::value>();
     qk = is_kquant(decltype(t)::value) ? kQK_K : kQK;
   });
   if (!known)
@@ -253,12 +227,11 @@ ffi::Error GgufMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
   if (xd.size() != 2 || wd.size() != 2 || od.size() != 2)
     return ffi::Error::InvalidArgument("gguf_matmul: x [M, K], w [N, K / block values * block bytes], out [M, N]");
   const int64_t M = xd[0], K = xd[1], N = od[1];
-  const bool il = qtype == kQ4_0 || qtype == kQ4_1 || qtype == kQ8_0;  // rows interleaved by 16 (gguf_matmul_il.h)
-  const int64_t w_rows = il ? (N + kIL - 1) / kIL : N, w_row_bytes = K / qk * bb * (il ? kIL : 1);
+  const int64_t w_rows = (N + kIL - 1) / kIL, w_row_bytes = K / qk * gb;  // rows interleaved by 16
   if (K % qk != 0 || wd[0] != w_rows || wd[1] != w_row_bytes || od[0] != M)
     return ffi::Error::InvalidArgument(
         "gguf_matmul: shapes of x, w and out disagree (K must be whole blocks: 32 values, 256 for K-quants; "
-        "Q4_0 / Q4_1 / Q8_0 weights in the kernel layout, [ceil(N / 16), 16 * row bytes])");
+        "weights in the kernel layout, [ceil(N / 16), 16 * row bytes])");
   float* o = out->typed_data();
   if (M == 0 || N == 0) return ffi::Error::Success();
   if (K == 0) {
@@ -280,26 +253,25 @@ ffi::Error GgufMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
   qx.q.resize(M * K);
   qx.d.resize(M * K / kQK);
   qx.ds.resize(M * K / kQK);
+  qx.hs.resize(M * K / 16);
   parallel_for(pool, M, M * K * 8, [&](int64_t m0, int64_t m1) { quantize_rows(xp, K, m0, m1, qx); });
   with_type(qtype, [&](auto t) {
     constexpr int T = decltype(t)::value;
-    if constexpr (interleaved<T>()) {
-      parallel_for(pool, w_rows, M * N * K, [&](int64_t g0, int64_t g1) {
-        il_groups<T>(wp, K / kQK, qx, M, K, o, N, g0, g1);
-      });
-    } else {
+    if constexpr (is_kquant(T)) {
 #if defined(JAXLM_AVX2)
-      if constexpr (has_lanes<T>()) {
-        if (M >= kLanesMinRows) {
+      if (M >= kKilLanesFrom) {
 #if defined(JAXLM_LANES16)
-          if (M > Lanes8::L) return lanes_all<T, Lanes16>(pool, wp, row_bytes, qx, M, K, N, o);
+        if (M > Lanes8::L) return kil_lanes_all<T, Lanes16>(pool, wp, qx, M, K, N, o);
 #endif
-          return lanes_all<T, Lanes8>(pool, wp, row_bytes, qx, M, K, N, o);
-        }
+        return kil_lanes_all<T, Lanes8>(pool, wp, qx, M, K, N, o);
       }
 #endif
-      parallel_for(pool, tiles, M * N * K, [&](int64_t t0, int64_t t1) {
-        matmul_tile<T>(wp, row_bytes, qx, M, K, N, t0 * kTileN, std::min(N, t1 * kTileN), o);
+      parallel_for(pool, w_rows, M * N * K, [&](int64_t g0, int64_t g1) {
+        kil_groups<T>(wp, K / kQK_K, qx, M, K, o, N, g0, g1);
+      });
+    } else {
+      parallel_for(pool, w_rows, M * N * K, [&](int64_t g0, int64_t g1) {
+        il_groups<T>(wp, K / kQK, qx, M, K, o, N, g0, g1);
       });
     }
   });

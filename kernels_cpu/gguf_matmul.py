@@ -36,77 +36,134 @@ QK = 32
 F32_MIN_ROWS = 1024
 
 
-# The 32-value types reach the kernel with their weight rows interleaved IL at a time
-# (gguf_matmul_il.h spells out the layout): one 64-byte load then holds 4 bytes of 16 rows, so
-# one dpbusd advances 16 rows' dot products. Same bytes as the file's (Q8_0's q stored + 128).
-INTERLEAVED_TYPES = frozenset((2, 3, 8))
+# Every kernel type reaches the kernel with its weight rows interleaved IL at a time
+# (gguf_matmul_il.h, gguf_matmul_kil.h spell out the layouts): one 64-byte load then holds 4
+# bytes of 16 rows, so one dpbusd advances 16 rows' dot products. A group's block (super-block)
+# is its fields one after another, each for the 16 rows in one of three arrangements:
+#   "row": each row's n bytes in turn (the f16 scales); "sub": byte j of each row in turn, for j
+#   < n (a scale per sub-block); "chunk": 4 bytes of each row in turn, n / 4 times (the values).
+# The file's bytes but for Q8_0's q (stored + 128) and Q4_K / Q5_K's packed 6-bit scales and
+# mins, unpacked to a byte each (sc, m: 4 bytes more a row and super-block, +2.8% / +2.3%).
 IL = 16
+_FIELDS = {  # (arrangement, bytes a row) in kernel order
+    2: (("row", 2), ("chunk", 16)),
+    3: (("row", 2), ("row", 2), ("chunk", 16)),
+    8: (("row", 2), ("chunk", 32)),
+    12: (("row", 2), ("row", 2), ("sub", 8), ("sub", 8), ("chunk", 128)),
+    13: (("row", 2), ("row", 2), ("sub", 8), ("sub", 8), ("chunk", 32), ("chunk", 128)),
+    14: (("row", 2), ("sub", 16), ("chunk", 64), ("chunk", 128)),
+}
+
+
+def kernel_type_size(qtype: int) -> int:
+    """Bytes a row and block (super-block) of type qtype in the kernel layout."""
+    return sum(n for _, n in _FIELDS[qtype])
 
 
 def kernel_rows(n: int, qtype: int) -> int:
-    """Rows of the kernel layout of an [n, ...] tensor of type qtype."""
-    return -(-n // IL) if qtype in INTERLEAVED_TYPES else n
+    """Rows of the kernel layout of an [n, ...] tensor of type qtype (groups of IL)."""
+    return -(-n // IL)
+
+
+def kernel_row_bytes(k: int, qtype: int) -> int:
+    """Bytes a row of the kernel layout of a tensor with k inputs (a group of IL weight rows)."""
+    return k // GGUF_KERNEL_TYPES[qtype].block_size * IL * kernel_type_size(qtype)
+
+
+def _unpack_scales(s):
+    """Q4_K / Q5_K's scales[12] [..., 12] -> (sc, m) [..., 8] each (gguf_kquants.h: scales_mins)."""
+    cat = np.concatenate if isinstance(s, np.ndarray) else jnp.concatenate
+    s0, s1, s2 = s[..., 0:4], s[..., 4:8], s[..., 8:12]
+    return (cat([s0 & 63, (s2 & 15) | ((s0 >> 6) << 4)], axis=-1),
+            cat([s1 & 63, (s2 >> 4) | ((s1 >> 6) << 4)], axis=-1))
+
+
+def _pack_scales(sc, m):
+    """(sc, m) [..., 8] -> scales[12] [..., 12]: _unpack_scales' inverse."""
+    cat = np.concatenate if isinstance(sc, np.ndarray) else jnp.concatenate
+    return cat([sc[..., :4] | ((sc[..., 4:] >> 4) << 6), m[..., :4] | ((m[..., 4:] >> 4) << 6),
+                (sc[..., 4:] & 15) | ((m[..., 4:] & 15) << 4)], axis=-1)
+
+
+def _file_to_fields(b: np.ndarray, qtype: int) -> list[np.ndarray]:
+    """A block's file bytes [..., size] -> its kernel fields [..., n] in kernel order."""
+    if qtype == 8:
+        return [b[..., :2], b[..., 2:] ^ np.uint8(0x80)]
+    if qtype == 2:
+        return [b[..., :2], b[..., 2:]]
+    if qtype == 3:
+        return [b[..., :2], b[..., 2:4], b[..., 4:]]
+    if qtype == 14:
+        return [b[..., 208:210], b[..., 192:208], b[..., 128:192], b[..., :128]]
+    sc, m = _unpack_scales(b[..., 4:16])
+    return [b[..., 0:2], b[..., 2:4], sc, m, *([b[..., 16:48]] if qtype == 13 else []), b[..., -128:]]
+
+
+def _fields_to_file(f: list[jax.Array], qtype: int) -> jax.Array:
+    """_file_to_fields' inverse, in XLA: the kernel fields [..., n] -> the file's bytes [..., size]."""
+    if qtype == 8:
+        f = [f[0], f[1] ^ jnp.uint8(0x80)]
+    elif qtype == 14:
+        f = f[::-1]
+    elif qtype in (12, 13):
+        f = [f[0], f[1], _pack_scales(f[2], f[3]), *f[4:]]
+    return jnp.concatenate(f, axis=-1)
 
 
 def to_kernel_layout(blocks: np.ndarray, qtype: int) -> np.ndarray:
-    """A tensor's blocks as the file has them, [N, row bytes] uint8, in the kernel's layout:
-    unchanged for the K-quants; for Q4_0 / Q4_1 / Q8_0 [ceil(N / 16), 16 * row bytes], each group
-    of 16 rows (the last padded with zero rows) block by block: the 16 f16 scales, Q4_1's 16 mins,
-    then the values in 64-byte chunks of 4 bytes a row (Q8_0's as q + 128). Host-side, at load."""
+    """A tensor's blocks as the file has them, [N, row bytes] uint8, in the kernel's layout
+    [ceil(N / 16), 16 * kernel row bytes]: each group of 16 rows (the last padded with zero rows)
+    block by block, each block its fields (_FIELDS) for the 16 rows. Host-side, at load."""
     blocks = np.asarray(blocks, np.uint8)
-    if qtype not in INTERLEAVED_TYPES:
-        return blocks
     size = GGUF_KERNEL_TYPES[qtype].type_size
     n, nb = blocks.shape[0], blocks.shape[1] // size
     g = -(-n // IL)
     b = np.zeros((g * IL, nb, size), np.uint8)
     b[:n] = blocks.reshape(n, nb, size)
     b = b.reshape(g, IL, nb, size).transpose(0, 2, 1, 3)  # [group, block, row, bytes]
-    head = 4 if qtype == 3 else 2
-    vals = b[..., head:]
-    if qtype == 8:
-        vals = vals ^ np.uint8(0x80)
-    vals = vals.reshape(g, nb, IL, -1, 4).transpose(0, 1, 3, 2, 4)  # [group, block, chunk, row, 4]
-    parts = [b[..., 0:2], *([b[..., 2:4]] if qtype == 3 else []), vals]
-    return np.concatenate([p.reshape(g, nb, -1) for p in parts], axis=-1).reshape(g, -1)
+    parts = []
+    for (kind, nbytes), f in zip(_FIELDS[qtype], _file_to_fields(b, qtype)):
+        if kind == "sub":
+            f = f.swapaxes(-1, -2)
+        elif kind == "chunk":
+            f = f.reshape(g, nb, IL, nbytes // 4, 4).transpose(0, 1, 3, 2, 4)  # [.., chunk, row, 4]
+        parts.append(f.reshape(g, nb, -1))
+    return np.concatenate(parts, axis=-1).reshape(g, -1)
 
 
 def _kernel_fields(w: jax.Array, qtype: int) -> list[jax.Array]:
-    """Groups [..., nb * 16 * block bytes] of the kernel layout -> the file's block fields with the
-    row in the group as an axis: each [..., nb, 16, bytes] (d, Q4_1's m, the values)."""
-    size = GGUF_KERNEL_TYPES[qtype].type_size
-    g = w.reshape(*w.shape[:-1], -1, IL * size)
+    """Groups [..., nb * 16 * kernel block bytes] of the kernel layout -> the kernel fields with
+    the row in the group as an axis: each [..., nb, 16, n]."""
+    g = w.reshape(*w.shape[:-1], -1, IL * kernel_type_size(qtype))
     lead = g.shape[:-1]
-    fields = [g[..., 0:32].reshape(*lead, IL, 2)]
-    at = 32
-    if qtype == 3:
-        fields.append(g[..., 32:64].reshape(*lead, IL, 2))
-        at = 64
-    vals = g[..., at:].reshape(*lead, -1, IL, 4)
-    vals = jnp.swapaxes(vals, -3, -2).reshape(*lead, IL, -1)
-    if qtype == 8:
-        vals = vals ^ jnp.uint8(0x80)
-    return fields + [vals]
+    fields, at = [], 0
+    for kind, n in _FIELDS[qtype]:
+        f = g[..., at:at + IL * n]
+        at += IL * n
+        if kind == "row":
+            f = f.reshape(*lead, IL, n)
+        elif kind == "sub":
+            f = jnp.swapaxes(f.reshape(*lead, n, IL), -1, -2)
+        else:
+            f = jnp.swapaxes(f.reshape(*lead, n // 4, IL, 4), -3, -2).reshape(*lead, IL, n)
+        fields.append(f)
+    return fields
 
 
 def from_kernel_layout(w: jax.Array, qtype: int, n: int) -> jax.Array:
     """The kernel layout back to the file's blocks [n, row bytes], in XLA (many-rows products)."""
-    if qtype not in INTERLEAVED_TYPES:
-        return w
-    blocks = jnp.concatenate(_kernel_fields(w, qtype), axis=-1)  # [G, nb, 16, size]
-    g, nb = blocks.shape[:2]
+    blocks = _fields_to_file(_kernel_fields(w, qtype), qtype)  # [G, nb, 16, size]
+    g = blocks.shape[0]
     return jnp.swapaxes(blocks, 1, 2).reshape(g * IL, -1)[:n]
 
 
 def kernel_layout_take(w: jax.Array, ids: jax.Array, qtype: int) -> jax.Array:
     """Rows ``ids`` of a tensor in the kernel layout, as the file's blocks [..., row bytes] (the
     embedding's lookup): each id's group gathered, then its row picked out of each field."""
-    if qtype not in INTERLEAVED_TYPES:
-        return jnp.take(w, ids, axis=0)
     groups = jnp.take(w, ids // IL, axis=0)  # [..., G bytes]
     lane = (ids % IL)[..., None, None, None]
     fields = [jnp.take_along_axis(f, lane, axis=-2)[..., 0, :] for f in _kernel_fields(groups, qtype)]
-    return jnp.concatenate(fields, axis=-1).reshape(*ids.shape, -1)
+    return _fields_to_file(fields, qtype).reshape(*ids.shape, -1)
 
 
 def gguf_matmul_cpu(x: jax.Array, w: jax.Array, qtype: int, *, n: int | None = None,
@@ -120,14 +177,12 @@ def gguf_matmul_cpu(x: jax.Array, w: jax.Array, qtype: int, *, n: int | None = N
         raise ValueError(f"gguf_matmul_cpu: GGUF type {qtype} has no kernel (kernel types: "
                          f"{', '.join(t.name for t in GGUF_KERNEL_TYPES.values())})")
     lead, k = x.shape[:-1], x.shape[-1]
-    il = qtype in INTERLEAVED_TYPES
-    n = n if n is not None else w.shape[0] * (IL if il else 1)
+    n = n if n is not None else w.shape[0] * IL
     bt = GGUF_KERNEL_TYPES[qtype]
-    row_bytes = k // bt.block_size * bt.type_size * (IL if il else 1)
-    if k % bt.block_size or w.shape != (kernel_rows(n, qtype), row_bytes):
+    if k % bt.block_size or w.shape != (kernel_rows(n, qtype), kernel_row_bytes(k, qtype)):
         raise ValueError(f"gguf_matmul_cpu: x [..., {k}] does not match {bt.name} blocks of shape {tuple(w.shape)} "
-                         f"for {n} rows ({bt.block_size} values in {bt.type_size} bytes a block"
-                         + (", rows interleaved by 16: to_kernel_layout" if il else "") + ")")
+                         f"for {n} rows ({bt.block_size} values in {bt.type_size} bytes a block, rows interleaved "
+                         "by 16: to_kernel_layout)")
     x2 = x.reshape(-1, k).astype(jnp.float32)
     call = jax.ffi.ffi_call("jaxlm_gguf_matmul", jax.ShapeDtypeStruct((x2.shape[0], n), jnp.float32),
                             vmap_method="sequential")

@@ -76,12 +76,15 @@ void matmul_tile_f32(const uint8_t* w, int64_t row_bytes, const float* x, int64_
                      int64_t n0, int64_t n1, float* out) {
   const int64_t nb = K / kQK;
   std::vector<float> row(K), tile(K * 16);
-  std::vector<uint8_t> blocks(interleaved<T>() ? nb * block_bytes<T>() : 0);
+  std::vector<uint8_t> blocks(nb * block_bytes<T>());  // a row in the file's layout (more than a K-quant row needs)
   for (int64_t t0 = n0; t0 < n1; t0 += 16) {
     const int64_t nt = std::min<int64_t>(16, n1 - t0);
     std::fill(tile.begin(), tile.end(), 0.0f);
     for (int64_t j = 0; j < nt; ++j) {
-      if constexpr (interleaved<T>()) {  // the row's blocks back in the file's layout
+      if constexpr (is_kquant(T)) {  // the row's blocks back in the file's layout
+        kil_row_blocks<T>(w, K / kQK_K, t0 + j, blocks.data());
+        dequantize_row<T>(blocks.data(), nb, row.data());
+      } else if constexpr (interleaved<T>()) {
         il_row_blocks<T>(w, nb, t0 + j, blocks.data());
         dequantize_row<T>(blocks.data(), nb, row.data());
       } else {

@@ -16,7 +16,6 @@
 // for one row in one thread (SmolLM2's shapes, docs/PERF_NOTES.md, session 13). Rows of x take
 // their turns against a group's block while it sits in L1, up to kIlRows at a time.
 
-constexpr int64_t kIL = 16;  // weight rows interleaved per group
 constexpr int kIlRows = 4;   // rows of x per pass over a group's block
 
 template <int T>
@@ -54,12 +53,12 @@ void il_row_blocks(const uint8_t* w, int64_t nb, int64_t n, uint8_t* dst) {
 }
 
 // The coefficient of d_x sum(q_x) in a block's product: Q4_1's m, Q4_0's -8 d (its nibbles are
-// q + 8), Q8_0's -128 d (its bytes are q + 128), or 0 where Q8_0 keeps the sign trick.
+// q + 8), Q8_0's -128 d (its bytes are q + 128).
 template <int T>
-inline float il_offset(float d, float m, bool sign_trick) {
+inline float il_offset(float d, float m) {
   if constexpr (T == kQ4_1) return m;
   if constexpr (T == kQ4_0) return -8.0f * d;
-  return sign_trick ? 0.0f : -128.0f * d;
+  return -128.0f * d;
 }
 
 #if defined(JAXLM_AVX2)
@@ -194,7 +193,7 @@ void il_group_scalar(const uint8_t* w, int64_t nb, const QuantizedX& qx, int64_t
           }
         }
       }
-      acc += float(s) * d * xd[b] + il_offset<T>(d, mn, false) * xds[b];
+      acc += float(s) * d * xd[b] + il_offset<T>(d, mn) * xds[b];
     }
     out[m * N + n0 + l] = acc;
   }

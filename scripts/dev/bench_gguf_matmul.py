@@ -51,7 +51,8 @@ def _time(fn, args, reps: int) -> float:
 def _baseline_matmul(src: str, build_dir: str):
     """gguf_matmul from the checkout at ``src`` (its kernels_cpu, built by its own build.py into
     build_dir), registered under a second XLA target so both kernels run in one process, and
-    whether it takes the kernel layout (a checkout from before it takes the file's blocks)."""
+    its own to_kernel_layout (None for a checkout from before it, whose kernel takes the file's
+    blocks): a checkout's layout may differ from this one's."""
     import ctypes
     import importlib.util
 
@@ -75,9 +76,11 @@ def _baseline_matmul(src: str, build_dir: str):
         call = jax.ffi.ffi_call("jaxlm_gguf_matmul_baseline", out)
         return call(x, w, qtype=np.int32(qtype), f32_min_rows=np.int32(F32_MIN_ROWS))
 
-    with open(os.path.join(src, "kernels_cpu", "gguf_matmul.py")) as f:
-        kernel_layout = "def to_kernel_layout" in f.read()
-    return jax.jit(matmul, static_argnums=(2, 3)), kernel_layout
+    spec = importlib.util.spec_from_file_location("baseline_gguf_matmul",
+                                                  os.path.join(src, "kernels_cpu", "gguf_matmul.py"))
+    layout = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(layout)
+    return jax.jit(matmul, static_argnums=(2, 3)), getattr(layout, "to_kernel_layout", None)
 
 
 def main() -> None:
@@ -96,7 +99,7 @@ def main() -> None:
 
     build_dir = os.path.join(os.environ.get("JAXLM_CACHE_DIR") or "/tmp", "kernels")
     load_cpu_kernels(build_dir)
-    base, base_layout = _baseline_matmul(args.baseline, build_dir) if args.baseline else (None, False)
+    base, base_layout = _baseline_matmul(args.baseline, build_dir) if args.baseline else (None, None)
     rng = np.random.default_rng(0)
     f32 = jax.jit(lambda x, w: jax.lax.dot_general(x, w, (((1,), (1,)), ((), ()))))
     quant = jax.jit(gguf_matmul_cpu, static_argnums=2)
@@ -111,7 +114,8 @@ def main() -> None:
             wf = rng.standard_normal((n, k)).astype(np.float32) * 0.05
             files = {t: _blocks(rng, wf, TYPE_IDS[t]) for t in types}
             blocks = {t: jnp.asarray(to_kernel_layout(files[t], TYPE_IDS[t])) for t in types}
-            base_blocks = blocks if base_layout else {t: jnp.asarray(files[t]) for t in types}
+            base_blocks = {t: jnp.asarray(base_layout(files[t], TYPE_IDS[t]) if base_layout else files[t])
+                           for t in types}
             wj = jnp.asarray(wf)
             for m in args.rows:
                 if n * m > 49152 * 64:  # the LM head runs on the sampled rows only

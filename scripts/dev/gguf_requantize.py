@@ -4,28 +4,31 @@ quantizer from the dequantized tensors (metadata and 1-D tensors copied as they 
     python scripts/dev/gguf_requantize.py IN.gguf OUT.gguf --type Q8_0
 
 For benchmarks: a Q8_0 file of the default model (SmolLM2-135M-Instruct ships Q4_1) that both
-jaxlm and llama.cpp read.
+jaxlm and llama.cpp read. With ``--llama-cpp-ftype Q4_K_M`` (any LLAMA_FTYPE_MOSTLY_* name) the
+tensors go through F32 and then llama.cpp's own quantizer (llama-cpp-python's binding), which
+picks each tensor's type as llama.cpp does (a Q4_K_M file: Q4_K and Q6_K, with fallbacks such
+as Q5_0 where a row is not whole super-blocks of 256):
+
+    python scripts/dev/gguf_requantize.py IN.gguf OUT.gguf --llama-cpp-ftype Q4_K_M
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import tempfile
 
 import numpy as np
 
 
-def main() -> None:
+def requantize(src: str, dst: str, type_name: str) -> None:
+    """src's 2-D tensors in type_name (the gguf package's quantizer), written to dst."""
     import gguf
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("src")
-    p.add_argument("dst")
-    p.add_argument("--type", default="Q8_0", choices=["Q8_0", "Q4_0", "Q4_1", "F16", "F32"])
-    args = p.parse_args()
-    qtype = gguf.GGMLQuantizationType[args.type]
-    r = gguf.GGUFReader(args.src)
+    qtype = gguf.GGMLQuantizationType[type_name]
+    r = gguf.GGUFReader(src)
     arch = r.fields["general.architecture"].contents()
-    w = gguf.GGUFWriter(args.dst, arch)
+    w = gguf.GGUFWriter(dst, arch)
     for name, field in r.fields.items():
         if name.startswith("GGUF.") or name == "general.architecture":
             continue  # the writer's own header fields
@@ -44,6 +47,35 @@ def main() -> None:
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def llama_cpp_quantize(src: str, dst: str, ftype: str) -> None:
+    """src (F32 or F16 tensors) quantized by llama.cpp to LLAMA_FTYPE_MOSTLY_{ftype}, written to dst."""
+    import ctypes
+
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{ftype}")
+    rc = llama_cpp.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(params))
+    if rc != 0:
+        raise SystemExit(f"llama.cpp's quantizer failed ({rc}) on {src}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("src")
+    p.add_argument("dst")
+    p.add_argument("--type", default="Q8_0", choices=["Q8_0", "Q4_0", "Q4_1", "F16", "F32"])
+    p.add_argument("--llama-cpp-ftype", metavar="NAME", help="llama.cpp's quantizer to this file type (e.g. Q4_K_M)")
+    args = p.parse_args()
+    if not args.llama_cpp_ftype:
+        requantize(args.src, args.dst, args.type)
+        return
+    with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(args.dst))) as tmp:
+        f32 = os.path.join(tmp, "f32.gguf")
+        requantize(args.src, f32, "F32")
+        llama_cpp_quantize(f32, args.dst, args.llama_cpp_ftype)
 
 
 if __name__ == "__main__":

@@ -133,18 +133,23 @@ def test_blocks_match_dequantized_model(request, tmp_path, quant):
     assert same.mean() >= 0.90, f"top-1 agrees on {same.mean():.1%} of {len(same)} positions"
 
 
+@pytest.mark.parametrize("qtype", [_Q.Q4_1, _Q.Q5_K], ids=["Q4_1", "Q5_K"])
 @pytest.mark.parametrize("rows", [F32_MIN_ROWS - 1, F32_MIN_ROWS])
-def test_product_branches(rows):
+def test_product_branches(rows, qtype):
     """gguf_product: below F32_MIN_ROWS rows the kernel on x rounded to int8 per block, from there
-    XLA's dot on W dequantized in XLA (from the kernel layout) with x as given; each within 1e-5 of the largest |output|
-    of the NumPy oracle fed the x its branch sees (the other branch's x misses by ~1%)."""
+    XLA's dot on W dequantized in XLA (from the kernel layout: Q5_K's unpacked scales packed
+    again) with x as given; each within 1e-5 of the largest |output| of the NumPy oracle fed the
+    x its branch sees (the other branch's x misses by ~1%)."""
+    from tests.helpers.kquants import quantize
+
     rng = np.random.default_rng(rows)
-    x = rng.standard_normal((rows, 64)).astype(np.float32)
-    w = gguf.quants.quantize(rng.standard_normal((9, 64)).astype(np.float32), _Q.Q4_1)
+    k = 256 if qtype == _Q.Q5_K else 64
+    x = rng.standard_normal((rows, k)).astype(np.float32)
+    w = quantize(rng.standard_normal((9, k)).astype(np.float32), qtype)
     # 9 weight rows: the kernel layout pads them to a group of 16, which neither branch may return.
-    kw = jnp.asarray(to_kernel_layout(w, int(_Q.Q4_1)))
-    out = np.asarray(jax.jit(gguf_product, static_argnums=(2, 3))(jnp.asarray(x), kw, int(_Q.Q4_1), 9))
-    want = gguf_matmul_reference(x, w, int(_Q.Q4_1), quantize_x=rows < F32_MIN_ROWS)
+    kw = jnp.asarray(to_kernel_layout(w, int(qtype)))
+    out = np.asarray(jax.jit(gguf_product, static_argnums=(2, 3))(jnp.asarray(x), kw, int(qtype), 9))
+    want = gguf_matmul_reference(x, w, int(qtype), quantize_x=rows < F32_MIN_ROWS)
     np.testing.assert_allclose(out, want, rtol=0, atol=1e-5 * np.abs(want).max())
 
 
@@ -165,8 +170,9 @@ def test_type_without_kernel_is_dequantized_with_one_log_line(tiny_tied, tmp_pat
 def test_llm_quantization_flag(tiny_tied_256, tmp_path, caplog):
     """``LLM(model=file.gguf, quantization="gguf")`` keeps the K-quant mix's tensors (and its
     Q8_0 one) in blocks and names their types in the start-up log, as it does without the flag
-    (the file's own method, as vLLM takes it); with ``"none"`` the same file is served dequantized. The block engine's weights take the file's
-    bytes (Q4_K 144, Q5_K 176, Q6_K 210 per 256 values, Q8_0 34 per 32; float32: 4 per value).
+    (the file's own method, as vLLM takes it); with ``"none"`` the same file is served dequantized. The block engine's weights take about
+    the file's bytes (in the kernel layout Q4_K 148, Q5_K 180, Q6_K 210 per 256 values, Q8_0 34
+    per 32; float32: 4 per value).
 
     Teacher-forced through both engines: the block engine decodes 24 greedy tokens after each of
     two prompts (16 rows a step: the kernel's int8 path); the float engine reads prompt + those

@@ -4,9 +4,9 @@ A GGUF file's config carries ``quantization_config = {"quant_method": "gguf", "t
 {HF name: GGML type}}`` (model_loader/gguf_utils.py), so a .gguf model gets this config without
 asking. Each ``Linear`` and the token ``Embedding`` whose tensor is Q8_0, Q4_0, Q4_1, Q4_K, Q5_K
 or Q6_K holds the file's bytes as ``qweight`` [out, in / block values * block bytes] uint8 (3.8-7.1x
-fewer bytes than float32, so a decode step streams that much less; for the C++ kernels the
-32-value types' rows are interleaved 16 at a time on the host as they load, the same bytes in the
-kernel's layout, kernels_cpu/gguf_matmul.py: to_kernel_layout) and multiplies through the C++
+fewer bytes than float32, so a decode step streams that much less; for the C++ kernels the rows
+are interleaved 16 at a time on the host as they load, about the same bytes in the kernel's
+layout, kernels_cpu/gguf_matmul.py: to_kernel_layout) and multiplies through the C++
 kernel (kernels_cpu/gguf_matmul.cc) inside the compiled step below F32_MIN_ROWS (1024) rows
 (decode and prefill chunks of up to 512 tokens), or through XLA's dot on the weight dequantized
 in XLA from there (``gguf_product``); the
@@ -35,8 +35,8 @@ from flax import nnx
 
 from jaxlm.models.quantization.base_config import LinearMethodBase, QuantizationConfig, QuantizeMethodBase
 from jaxlm.models.utils import MODEL_AXIS, WeightTarget, make_param
-from kernels_cpu.gguf_matmul import (F32_MIN_ROWS, GGUF_KERNEL_TYPES, INTERLEAVED_TYPES, IL, from_kernel_layout,
-                                     gguf_dequantize_rows, gguf_matmul_cpu, kernel_layout_take, kernel_rows,
+from kernels_cpu.gguf_matmul import (F32_MIN_ROWS, GGUF_KERNEL_TYPES, from_kernel_layout, gguf_dequantize_rows,
+                                     gguf_matmul_cpu, kernel_layout_take, kernel_row_bytes, kernel_rows,
                                      to_kernel_layout)
 
 logger = logging.getLogger(__name__)
@@ -76,10 +76,10 @@ def _row_bytes(k: int, qtype: int) -> int:
 
 def _blocks_param(rngs: nnx.Rngs, rows: int, k: int, qtype: int, spec: tuple[str | None, ...],
                   kernel_layout: bool) -> nnx.Param:
-    """The blocks as the file has them ([rows, row bytes]), or in the C++ kernel's layout (the
-    32-value types' rows interleaved by 16: kernels_cpu/gguf_matmul.py, to_kernel_layout)."""
-    shape = ((kernel_rows(rows, qtype), _row_bytes(k, qtype) * (IL if qtype in INTERLEAVED_TYPES else 1))
-             if kernel_layout else (rows, _row_bytes(k, qtype)))
+    """The blocks as the file has them ([rows, row bytes]), or in the C++ kernel's layout (rows
+    interleaved by 16: kernels_cpu/gguf_matmul.py, to_kernel_layout)."""
+    shape = ((kernel_rows(rows, qtype), kernel_row_bytes(k, qtype)) if kernel_layout
+             else (rows, _row_bytes(k, qtype)))
     return make_param(rngs, shape, jnp.uint8, spec, init="zeros")
 
 
@@ -122,7 +122,7 @@ def _blocks_target(layer: nnx.Module, prefix: str, rows: int, k: int, qtype: int
 @dataclasses.dataclass(frozen=True)
 class GGUFLinearMethod(LinearMethodBase):
     """``qweight`` [out, in / block values * block bytes] uint8 of GGML type ``qtype`` (in the
-    kernel layout with cpu_kernel: Q4_0 / Q4_1 / Q8_0 [ceil(out / 16), 16 * that]); the product
+    kernel layout with cpu_kernel: [ceil(out / 16), 16 * kernel row bytes]); the product
     is the C++ kernel (rows of x rounded to int8 per block of 32 inside, as llama.cpp does)."""
 
     qtype: int
