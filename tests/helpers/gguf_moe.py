@@ -58,6 +58,22 @@ def expert_tensor_bytes(path: str) -> dict[str, int]:
     return {t.name: int(t.n_bytes) for t in gguf.GGUFReader(path).tensors if _EXPS.match(t.name)}
 
 
+def expert_kernel_layout_bytes(path: str) -> int:
+    """Bytes of the stacked expert tensors once each expert's blocks are in the C++ kernel's layout
+    (kernels_cpu/gguf_matmul.py: to_kernel_layout; the K-quants' scales unpacked, rows padded to 16)."""
+    import numpy as np
+
+    from kernels_cpu.gguf_matmul import to_kernel_layout
+
+    total = 0
+    for t in gguf.GGUFReader(path).tensors:
+        if _EXPS.match(t.name):
+            data = np.asarray(t.data)
+            data = data.reshape(-1, *data.shape[-2:])  # [E, rows, row bytes]
+            total += sum(to_kernel_layout(e, int(t.tensor_type)).nbytes for e in data)
+    return total
+
+
 def run_llm(path: str, tokenizer: str, quantization: str | None = None, twice: bool = False,
             **engine) -> tuple[list[dict], dict]:
     """quant_moe.run_llm on a GGUF file, plus: the dtype of every Param by path (``dtypes``) and,
