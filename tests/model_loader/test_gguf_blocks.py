@@ -34,7 +34,7 @@ from jaxlm.attention.backends import cpu_kernels_unavailable, get_attention_back
 from jaxlm.config import LoadConfig, ModelConfig
 from jaxlm.model_loader import get_model, resolve_model_config
 from jaxlm.models import get_model_architecture
-from jaxlm.models.quantization.gguf import gguf_product
+from jaxlm.models.quantization.gguf_product import gguf_product
 from kernels_cpu.gguf_matmul import F32_MIN_ROWS, from_kernel_layout, gguf_matmul_reference, to_kernel_layout
 from tests.models._parity import JaxRunner
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import math
 from typing import Any
 
 import jax
@@ -34,10 +33,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxlm.models.quantization.base_config import LinearMethodBase, QuantizationConfig, QuantizeMethodBase
+from jaxlm.models.quantization.gguf_product import gguf_product
 from jaxlm.models.utils import MODEL_AXIS, WeightTarget, make_param
-from kernels_cpu.gguf_matmul import (F32_MIN_ROWS, GGUF_KERNEL_TYPES, from_kernel_layout, gguf_dequantize_rows,
-                                     gguf_matmul_cpu, kernel_layout_take, kernel_row_bytes, kernel_rows,
-                                     to_kernel_layout)
+from kernels_cpu.gguf_matmul import (GGUF_KERNEL_TYPES, gguf_dequantize_rows, kernel_layout_take, kernel_row_bytes,
+                                     kernel_rows, to_kernel_layout)
 
 logger = logging.getLogger(__name__)
 
@@ -91,23 +90,6 @@ def _check_whole_blocks(name: str, k: int, qtype: int) -> None:
         raise ValueError(f"GGUF tensor {name} is {bt.name}, whose blocks hold {bt.block_size} values, but the "
                          f"model's input dimension there is {k}, not a multiple of {bt.block_size} (a corrupt "
                          "file, or a config that does not match it)")
-
-
-def gguf_product(x: jax.Array, qweight: jax.Array, qtype: int, n: int, cpu_kernel: bool = True) -> jax.Array:
-    """x [..., K] @ W^T -> [..., n] f32, W in blocks (in the kernel layout with cpu_kernel). With
-    the C++ kernels, below F32_MIN_ROWS rows: the kernel on int8 activations (as llama.cpp does at
-    any batch), measured 1.1-10x faster than the branch below at 16-512 rows (docs/PERF_NOTES.md,
-    session 12). From F32_MIN_ROWS, or without the kernels (an accelerator): XLA's dot on W
-    dequantized in XLA, x as given (off CPU W in x's dtype, so a bf16 model's product stays a
-    bf16 dot with the convert fused into it); the kernel's own f32 tiles measured 2-2.7x slower
-    than XLA's dot at 512 rows (session 9)."""
-    rows = math.prod(x.shape[:-1])
-    if cpu_kernel and rows < F32_MIN_ROWS:
-        return gguf_matmul_cpu(x, qweight, qtype, n=n, f32_min_rows=0)
-    w = gguf_dequantize_rows(from_kernel_layout(qweight, qtype, n) if cpu_kernel else qweight, qtype)
-    x = x.astype(jnp.float32) if cpu_kernel else x
-    return jax.lax.dot_general(x, w.astype(x.dtype), (((x.ndim - 1,), (1,)), ((), ())),
-                               preferred_element_type=jnp.float32)
 
 
 def _blocks_target(layer: nnx.Module, prefix: str, rows: int, k: int, qtype: int,

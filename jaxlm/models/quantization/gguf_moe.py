@@ -36,6 +36,7 @@ from flax import nnx
 
 from jaxlm.models.moe_ops import Dequant, TileProducts, grouped_mlp
 from jaxlm.models.quantization.base_config import FusedMoEMethodBase
+from jaxlm.models.quantization.gguf_product import gguf_product
 from jaxlm.models.quantization.params import zeros_param
 from jaxlm.models.quantization.unquantized import expert_specs
 from jaxlm.models.utils import WeightTarget
@@ -142,7 +143,6 @@ class GGUFMoEMethod(FusedMoEMethodBase):
     def tile_products(self, layer: nnx.Module) -> TileProducts:
         """One tile's products: each projection's blocks through gguf_product (the C++ kernel
         with cpu_kernel, XLA dequantizing them without)."""
-        from jaxlm.models.quantization.gguf import gguf_product
 
         (gate_t, up_t, down_t), (H, i_local), ck = self.qtypes, self._sizes(layer), self.cpu_kernel
 

@@ -20,7 +20,8 @@ import numpy as np
 import pytest
 from jax import export
 
-from jaxlm.models.quantization.gguf import block_plan, gguf_product
+from jaxlm.models.quantization.gguf import block_plan
+from jaxlm.models.quantization.gguf_product import gguf_product
 from kernels_cpu.gguf_matmul import GGUF_KERNEL_TYPES, gguf_matmul_reference, to_kernel_layout
 from tests.helpers import kquants
 
